@@ -1,0 +1,73 @@
+"""``toast`` command line: ``toast analyze`` and ``toast explain``.
+
+Problems the user can fix print one line ``toast: error: ...`` and exit 2; no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from toast.errors import ToastError
+
+
+def _add_analysis_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("input", help="a StableHLO .mlir file, or module:function naming a factory "
+                        "that returns (fn, example_args), e.g. toast.examples.mlp:mlp")
+    parser.add_argument("--engine", choices=("auto", "souffle", "embedded"), default="auto",
+                        help="Datalog engine (auto: souffle when installed, else embedded)")
+    parser.add_argument("--rules", metavar="DIR", help="directory of .dl files extending or overriding the rules")
+    parser.add_argument("--variant", default="default", help="analysis variant (rules/variants/NAME.toml) or TOML path")
+    parser.add_argument("--keep", metavar="DIR", help="keep facts, assembled program and engine outputs in DIR")
+    parser.add_argument("--timeout", type=float, default=600.0, metavar="S", help="engine time limit, seconds")
+
+
+def _parse_dim(text: str) -> tuple[str, int]:
+    value, sep, dim = text.rpartition(":")
+    if not sep or not value or not dim.isdigit():
+        raise ToastError(f"dimension '{text}' should be VALUE:DIM, e.g. x:0 or result[0]:1")
+    return value, int(dim)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="toast", description="Named-dimension analysis for SPMD sharding.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    analyze_parser = commands.add_parser("analyze", help="find the colors of a program")
+    _add_analysis_options(analyze_parser)
+    analyze_parser.add_argument("--json", metavar="FILE", help="write the analysis as JSON to FILE")
+    explain_parser = commands.add_parser("explain", help="why two dims share a color")
+    _add_analysis_options(explain_parser)
+    explain_parser.add_argument("dim_a", metavar="DIM_A", help="VALUE:DIM as the JSON names it, e.g. x:0")
+    explain_parser.add_argument("dim_b", metavar="DIM_B", help="VALUE:DIM, e.g. result[0]:0")
+    options = parser.parse_args(argv)
+    try:
+        return _run(options)
+    except ToastError as err:
+        print(f"toast: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("toast: interrupted", file=sys.stderr)
+        return 130
+
+
+def _run(options: argparse.Namespace) -> int:
+    from toast.analysis import analyze
+    from toast.explain import explain, format_explanation
+    from toast.report import summary, to_json, write_json_atomic
+
+    if options.command == "explain":
+        first, second = _parse_dim(options.dim_a), _parse_dim(options.dim_b)
+    analysis = analyze(options.input, engine=options.engine, rules=options.rules, variant=options.variant,
+                       keep=options.keep, timeout_s=options.timeout)
+    if options.command == "analyze":
+        if options.json:
+            write_json_atomic(to_json(analysis), options.json)
+        print(summary(analysis), end="")
+        return 0
+    print(format_explanation(analysis, explain(analysis, first, second)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

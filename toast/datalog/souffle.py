@@ -1,0 +1,118 @@
+"""Run the rule program on Soufflé through a subprocess.
+
+Facts go to tab-separated ``<relation>.facts`` files, results come back from
+``<relation>.csv`` files, all in a working directory the caller owns (``--keep`` keeps it).
+Compile mode (the default) builds a native binary with ``souffle -o`` once per distinct
+program text and caches it under ``$XDG_CACHE_HOME/toast/souffle/<sha256>``; interpreter
+mode runs ``souffle -F facts -D out``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from toast.errors import EngineError
+
+INSTALL_HINT = (
+    "install Soufflé (https://souffle-lang.github.io/install, e.g. build it from "
+    "github.com/souffle-lang/souffle) so that `souffle` is on PATH, or use --engine embedded"
+)
+
+
+def souffle_binary() -> str | None:
+    """Path of the ``souffle`` executable on PATH, or ``None``."""
+    return shutil.which("souffle")
+
+
+def write_facts(facts: Mapping[str, Sequence[tuple]], directory: Path) -> None:
+    """Write each relation as ``directory/<name>.facts`` (tab-separated, one row a line)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, rows in facts.items():
+        with open(directory / f"{name}.facts", "w") as out:
+            out.writelines("\t".join(str(x) for x in row) + "\n" for row in rows)
+
+
+def read_outputs(directory: Path, types: Mapping[str, Sequence[str]]) -> dict[str, list[tuple]]:
+    """Read ``directory/<name>.csv`` for each output, converting columns by their types."""
+    results: dict[str, list[tuple]] = {}
+    for name, column_types in types.items():
+        path = directory / f"{name}.csv"
+        if not path.is_file():
+            raise EngineError(f"souffle wrote no output for relation '{name}' ({path})")
+        converters = [int if t in ("number", "unsigned") else str for t in column_types]
+        rows = []
+        with open(path) as lines:
+            for line in lines:
+                fields = line.rstrip("\n").split("\t")
+                if len(fields) != len(converters):
+                    raise EngineError(f"{path}: row of {len(fields)} columns, expected {len(converters)}")
+                rows.append(tuple(conv(f) for conv, f in zip(converters, fields)))
+        results[name] = sorted(rows)
+    return results
+
+
+def run_souffle(
+    program_file: Path,
+    facts: Mapping[str, Sequence[tuple]],
+    output_types: Mapping[str, Sequence[str]],
+    *,
+    workdir: Path,
+    compiled: bool = True,
+    timeout_s: float = 600.0,
+    jobs: int = 1,
+) -> dict[str, list[tuple]]:
+    """Evaluate ``program_file`` on ``facts``; return the ``output_types`` relations, sorted.
+
+    Raises:
+      EngineError: Soufflé missing, failing (with its stderr) or past ``timeout_s``.
+    """
+    souffle = souffle_binary()
+    if souffle is None:
+        raise EngineError(f"--engine souffle: `souffle` is not on PATH; {INSTALL_HINT}")
+    facts_dir, out_dir = workdir / "facts", workdir / "out"
+    write_facts(facts, facts_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    run_args = ["-F", str(facts_dir), "-D", str(out_dir), "-j", str(jobs)]
+    if compiled:
+        binary = _compiled_binary(souffle, program_file, workdir=workdir, timeout_s=timeout_s)
+        command = [str(binary), *run_args]
+    else:
+        command = [souffle, *run_args, str(program_file)]
+    _run(command, what="souffle", timeout_s=timeout_s, cwd=workdir)
+    return read_outputs(out_dir, output_types)
+
+
+def _compiled_binary(souffle: str, program_file: Path, *, workdir: Path, timeout_s: float) -> Path:
+    """Compile once per distinct (souffle, preprocessed program) and reuse the binary."""
+    preprocessed = _run([souffle, "--show=transformed-datalog", str(program_file)], what="souffle",
+                        timeout_s=timeout_s, cwd=workdir)
+    digest = hashlib.sha256((souffle + "\0" + preprocessed).encode()).hexdigest()[:24]
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "toast" / "souffle"
+    binary = cache / digest / "program"
+    if not binary.is_file():
+        build = cache / f"{digest}.tmp{os.getpid()}"
+        build.mkdir(parents=True, exist_ok=True)
+        _run([souffle, "-o", str(build / "program"), str(program_file)], what="souffle compile",
+             timeout_s=timeout_s, cwd=build)
+        (cache / digest).mkdir(parents=True, exist_ok=True)
+        os.replace(build / "program", binary)
+        shutil.rmtree(build, ignore_errors=True)
+    return binary
+
+
+def _run(command: list[str], *, what: str, timeout_s: float, cwd: Path) -> str:
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, cwd=cwd)
+    except subprocess.TimeoutExpired:
+        raise EngineError(f"{what} timed out after {timeout_s:g} s ({' '.join(command[:2])} ...)") from None
+    except OSError as err:
+        raise EngineError(f"{what}: cannot run {command[0]}: {err.strerror}") from None
+    if done.returncode != 0 or "Error:" in done.stderr:
+        message = " | ".join(line.strip() for line in done.stderr.strip().splitlines()[:3]) or f"exit {done.returncode}"
+        raise EngineError(f"{what} failed: {message}")
+    return done.stdout
