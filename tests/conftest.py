@@ -18,7 +18,7 @@ def engines() -> list:
 
 
 @functools.lru_cache(maxsize=None)
-def analysis_of(spec: str, engine: str = "souffle"):
+def analysis_of(spec: str, engine: str = "embedded"):
     """``toast.analyze`` of a bundled example, computed once per test session."""
     from toast import analyze
 

@@ -57,7 +57,7 @@ def test_attention_sequence_color_spans_a_c_d():
 
 
 # Sizes chosen pairwise distinct so a dim's size says which logical dim it is.
-ENGINE = "souffle"
+ENGINE = "embedded"
 B, S, D, H, F, V = 3, 10, 28, 4, 44, 50
 
 

@@ -1,0 +1,614 @@
+"""Evaluate a parsed Soufflé-subset program with pyDatalog (no ``souffle`` binary needed).
+
+pyDatalog evaluates every rule body; this module drives it stratum by stratum, in the
+order of :attr:`Program.strata`:
+
+* Input facts and the program's constant facts are asserted into pyDatalog's fact store
+  with ``pyEngine.assert_`` (the lowest public entry point; ``pyDatalog.assert_fact`` goes
+  through the Python-syntax parser and is about 10 times slower, see
+  ``benchmarks/bench_embedded.py``).
+* A non-recursive stratum is one relation: its rules become pyDatalog clauses of a fresh
+  predicate, one query collects everything they derive, and the result is asserted as
+  facts of the relation for the strata above. Negation therefore only ever looks at
+  complete lower strata (stratified negation).
+* A recursive stratum runs semi-naive iterations: each iteration asserts the previous
+  iteration's new tuples as "delta" predicates and lets pyDatalog evaluate every rule once
+  per recursive atom with that atom reading the delta. pyDatalog's own tabled recursion
+  gives the same results but is slow for non-linear rules (``p :- p, p``): its time grows
+  like n⁵ on a chain of n nodes.
+
+Body literals are reordered before translation (greedily, by estimated fan-out from the
+actual relation sizes and column value counts), since pyDatalog evaluates bodies left to
+right, top-down. Comparisons and negations run as soon as their variables are bound.
+
+Soufflé semantics kept: set semantics, stratified negation, ``number`` is 32-bit two's
+complement and ``unsigned`` 32-bit unsigned (arithmetic wraps), ``/`` and ``%`` truncate
+toward zero as in C. Division by zero raises :class:`EngineError` (Soufflé would crash).
+
+A run owns pyDatalog's (per-thread) database: it is cleared before and after each run, so
+runs are independent but must not be nested, and the cyclic garbage collector is paused
+during the run.
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import operator
+import os
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Union
+
+from pyDatalog import pyDatalog, pyEngine
+
+from toast.datalog.parser import (
+    Atom,
+    BinaryOp,
+    Clause,
+    Constraint,
+    Expr,
+    NumberConst,
+    Program,
+    RelationDecl,
+    StringConst,
+    Variable,
+    Wildcard,
+    parse_file,
+)
+from toast.datalog.preprocess import SourceLocation
+from toast.errors import EngineError
+
+__all__ = ["run_embedded", "run_embedded_file"]
+
+Value = Union[int, str]
+Row = tuple[Value, ...]
+
+_NUMBER_MIN, _NUMBER_MAX = -(2**31), 2**31 - 1
+_UNSIGNED_MAX = 2**32 - 1
+_PYDATALOG_COMPARISONS = {"=": "==", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
+
+
+def run_embedded(
+    program: Program,
+    facts: Mapping[str, Iterable[Sequence[Any]]],
+    outputs: Sequence[str] | None = None,
+) -> dict[str, list[Row]]:
+    """Evaluate ``program`` on ``facts`` and return the ``outputs`` relations as sorted tuples.
+
+    ``facts`` maps ``.input`` relation names to rows (ints for ``number``/``unsigned``
+    columns, strs for ``symbol`` columns); relations left out are empty. ``outputs``
+    defaults to the program's ``.output`` relations; any declared relation may be asked for.
+
+    Raises:
+      EngineError: facts or outputs that do not fit the program, a division by zero, or a
+        failure inside pyDatalog.
+    """
+    wanted = tuple(program.outputs if outputs is None else outputs)
+    for name in wanted:
+        if name not in program.relations:
+            raise EngineError(f"embedded engine: output relation '{name}' is not declared")
+    inputs = {name: _input_rows(program, name, rows) for name, rows in facts.items()}
+    with _pydatalog_session():
+        evaluation = _Evaluation(program, wanted)
+        try:
+            evaluation.run(inputs)
+            return {name: sorted(evaluation.rows(name)) for name in wanted}
+        finally:
+            evaluation.release()
+
+
+def run_embedded_file(
+    path: str | os.PathLike[str],
+    facts: Mapping[str, Iterable[Sequence[Any]]],
+    outputs: Sequence[str] | None = None,
+    include_dirs: Sequence[str | os.PathLike[str]] = (),
+    defines: Mapping[str, str] | None = None,
+) -> dict[str, list[Row]]:
+    """Preprocess, parse and evaluate the ``.dl`` file at ``path`` (see :func:`run_embedded`)."""
+    return run_embedded(parse_file(path, include_dirs, defines), facts, outputs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Input validation
+# ---------------------------------------------------------------------------------------------
+
+
+def _input_rows(program: Program, name: str, rows: Iterable[Sequence[Any]]) -> set[Row]:
+    """Validate and convert the input rows of relation ``name``."""
+    decl = program.relations.get(name)
+    if decl is None:
+        raise EngineError(f"embedded engine: facts given for undeclared relation '{name}'")
+    if name not in program.inputs:
+        raise EngineError(f"embedded engine: facts given for '{name}', which is not an .input relation")
+    converters = [_converter(decl, index) for index in range(decl.arity)]
+    converted: set[Row] = set()
+    for row in rows:
+        if len(row) != decl.arity:
+            raise EngineError(
+                f"embedded engine: row {tuple(row)!r} of '{name}' has {len(row)} values, expected {decl.arity}"
+            )
+        try:
+            converted.add(tuple(convert(value) for convert, value in zip(converters, row)))
+        except (TypeError, ValueError) as err:
+            raise EngineError(f"embedded engine: row {tuple(row)!r} of '{name}': {err}") from None
+    return converted
+
+
+def _converter(decl: RelationDecl, index: int) -> Callable[[Any], Value]:
+    """A function checking and normalizing one column's values."""
+    attribute = decl.attributes[index]
+    if attribute.base == "symbol":
+
+        def to_symbol(value: Any) -> str:
+            if not isinstance(value, str):
+                raise TypeError(f"column '{attribute.name}' is a symbol, got {value!r}")
+            return str(value)
+
+        return to_symbol
+    low, high = (_NUMBER_MIN, _NUMBER_MAX) if attribute.base == "number" else (0, _UNSIGNED_MAX)
+
+    def to_integer(value: Any) -> int:
+        if isinstance(value, bool):
+            raise TypeError(f"column '{attribute.name}' is a {attribute.base}, got {value!r}")
+        number = operator.index(value)
+        if not low <= number <= high:
+            raise ValueError(f"{number} is out of range for the {attribute.base} column '{attribute.name}'")
+        return number
+
+    return to_integer
+
+
+# ---------------------------------------------------------------------------------------------
+# pyDatalog session and tables
+# ---------------------------------------------------------------------------------------------
+
+
+@contextmanager
+def _pydatalog_session() -> Iterator[None]:
+    """A clean pyDatalog database for one run, with the cyclic GC paused.
+
+    pyDatalog keeps its database in thread-global state, so it is cleared before and after
+    the run. Evaluation allocates millions of small objects; the cyclic collector would
+    re-scan them over and over (about 3x slower and superlinear at 60k facts).
+    """
+    gc_enabled = gc.isenabled()
+    gc.disable()
+    pyDatalog.clear()
+    try:
+        yield
+    finally:
+        pyDatalog.clear()
+        if gc_enabled:
+            gc.enable()
+
+
+class _Table:
+    """A pyDatalog predicate with a Python-side copy of its rows and per-column value sets.
+
+    The value sets give the planner exact distinct counts, updated incrementally. Either
+    all rows of a table are asserted into pyDatalog or none (relations no rule reads stay
+    on the Python side only).
+    """
+
+    def __init__(self, name: str, arity: int) -> None:
+        self.pred = pyEngine.Pred(name, arity)
+        self.pred.prearity = arity
+        pyEngine.insert(self.pred)
+        self.rows: set[Row] = set()
+        self._columns: list[set[Value]] = [set() for _ in range(arity)]
+        self._asserted = False
+
+    def add(self, rows: Iterable[Row], assert_facts: bool) -> None:
+        """Add ``rows`` (not yet present) to the table and, if asked, to pyDatalog."""
+        pred = self.pred
+        self._asserted |= assert_facts
+        for row in rows:
+            self.rows.add(row)
+            for column, value in zip(self._columns, row):
+                column.add(value)
+            if assert_facts:
+                pyEngine.assert_(self._fact(pred, row))
+
+    @staticmethod
+    def _fact(pred: Any, row: Row) -> Any:
+        return pyEngine.Clause(pyEngine.Literal(pred, [pyEngine.Const(value) for value in row]), [])
+
+    def distinct(self, column: int) -> int:
+        """Number of distinct values in ``column``."""
+        return len(self._columns[column])
+
+    def drop(self) -> None:
+        """Retract the table's facts and remove its predicate from pyDatalog's database.
+
+        pyDatalog's fact store and its facts reference each other; without the retraction
+        only the cyclic garbage collector could free them, which takes 2-3 times longer.
+        """
+        if self._asserted:
+            pred = self.pred
+            for row in self.rows:
+                pyEngine.retract(self._fact(pred, row))
+        pyEngine.remove(self.pred)
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluation
+# ---------------------------------------------------------------------------------------------
+
+_Rule = tuple[Clause, Mapping[int, _Table]]
+"""A clause to evaluate, with the tables that replace some body atoms' own (by position)."""
+
+
+class _Evaluation:
+    """One run of a program: tables, strata and the pyDatalog queries."""
+
+    def __init__(self, program: Program, wanted: Sequence[str]) -> None:
+        self._program = program
+        self._counter = itertools.count()
+        self._needed = _needed_relations(program, wanted)
+        self._consumed = {
+            (literal if isinstance(literal, Atom) else literal.atom).relation
+            for clause in program.clauses
+            if clause.head.relation in self._needed
+            for literal in clause.body
+            if not isinstance(literal, Constraint)
+        }
+        self._tables = {name: self._new_table(name) for name in program.relations if name in self._needed}
+
+    def _new_table(self, relation: str, role: str = "") -> _Table:
+        """A table for ``relation`` under a fresh predicate name.
+
+        Soufflé names may contain ``.`` (pyDatalog's class-attribute syntax) and ``?``, so
+        pyDatalog names are made up: ``t<n>_<role><relation with other characters as _>``.
+        """
+        safe = re.sub(r"[^A-Za-z0-9_]", "_", relation)
+        return _Table(f"t{next(self._counter)}_{role}{safe}", self._program.relations[relation].arity)
+
+    def rows(self, relation: str) -> set[Row]:
+        """All tuples of ``relation``."""
+        return self._tables[relation].rows
+
+    def release(self) -> None:
+        """Free pyDatalog's copy of every table."""
+        for table in self._tables.values():
+            table.drop()
+
+    def run(self, inputs: Mapping[str, set[Row]]) -> None:
+        """Load the facts, then evaluate the needed strata bottom-up."""
+        initial: dict[str, set[Row]] = {name: set(rows) for name, rows in inputs.items() if name in self._needed}
+        rules: dict[str, list[Clause]] = {}
+        for clause in self._program.clauses:
+            relation = clause.head.relation
+            if relation not in self._needed:
+                continue
+            if clause.is_fact and all(isinstance(arg, (NumberConst, StringConst)) for arg in clause.head.args):
+                initial.setdefault(relation, set()).add(tuple(_constant(arg) for arg in clause.head.args))
+            else:
+                rules.setdefault(relation, []).append(clause)
+        for relation, rows in initial.items():
+            self._tables[relation].add(rows, relation in self._consumed)
+        for stratum in self._program.strata:
+            if stratum[0] not in self._needed:
+                continue
+            members = set(stratum)
+            clauses = [clause for relation in stratum for clause in rules.get(relation, ())]
+            if any(_recursive_atoms(clause, members) for clause in clauses):
+                self._fixpoint(stratum, clauses)
+            else:
+                (relation,) = stratum
+                if clauses:
+                    derived = self._derive(relation, [(clause, {}) for clause in clauses])
+                    self._tables[relation].add(derived - self.rows(relation), relation in self._consumed)
+
+    def _fixpoint(self, stratum: Sequence[str], clauses: Sequence[Clause]) -> None:
+        """Semi-naive evaluation of a recursive stratum; pyDatalog evaluates every rule body."""
+        members = set(stratum)
+        for relation in stratum:
+            exits: list[_Rule] = [
+                (c, {}) for c in clauses if c.head.relation == relation and not _recursive_atoms(c, members)
+            ]
+            if exits:
+                self._tables[relation].add(self._derive(relation, exits) - self.rows(relation), True)
+        delta = {relation: set(self.rows(relation)) for relation in stratum}
+        while any(delta.values()):
+            delta_tables: dict[str, _Table] = {}
+            for relation, rows in delta.items():
+                if rows:
+                    delta_tables[relation] = self._new_table(relation, "delta_")
+                    delta_tables[relation].add(rows, True)
+            new: dict[str, set[Row]] = {}
+            for relation in stratum:
+                variants = [
+                    (clause, {position: delta_tables[body_relation]})
+                    for clause in clauses
+                    if clause.head.relation == relation
+                    for position, body_relation in _recursive_atoms(clause, members)
+                    if body_relation in delta_tables
+                ]
+                new[relation] = (self._derive(relation, variants) if variants else set()) - self.rows(relation)
+            for table in delta_tables.values():
+                table.drop()
+            for relation, rows in new.items():
+                self._tables[relation].add(rows, True)
+            delta = new
+
+    def _derive(self, relation: str, rules: Sequence[_Rule]) -> set[Row]:
+        """Everything ``rules`` derive for ``relation``, evaluated by one pyDatalog query.
+
+        Each rule comes with overrides: body positions whose atom reads another table
+        (a semi-naive delta) instead of the relation's own.
+        """
+        target = self._new_table(relation, "new_")
+        for clause, overrides in rules:
+            tables: list[_Table | None] = []
+            for position, literal in enumerate(clause.body):
+                if isinstance(literal, Constraint):
+                    tables.append(None)
+                else:
+                    atom = literal if isinstance(literal, Atom) else literal.atom
+                    tables.append(overrides.get(position, self._tables[atom.relation]))
+            pyEngine.assert_(_translate(clause, target.pred, tables))
+        arity = self._program.relations[relation].arity
+        query = pyEngine.Literal(target.pred, [pyEngine.Var(f"$q{i}") for i in range(arity)])
+        try:
+            answers = query.ask()
+        except _DivisionByZero as fault:
+            raise EngineError(f"{fault.location}: division by zero in a rule for '{relation}'") from None
+        except Exception as err:  # pyDatalog signals its failures with assorted exception types
+            raise EngineError(f"embedded engine failed while evaluating '{relation}': {err}") from err
+        finally:
+            target.drop()
+        if answers is True:
+            return {()}
+        return set(answers or ())
+
+
+def _needed_relations(program: Program, wanted: Sequence[str]) -> set[str]:
+    """``wanted`` and every relation they depend on."""
+    depends: dict[str, set[str]] = {}
+    for clause in program.clauses:
+        body = depends.setdefault(clause.head.relation, set())
+        for literal in clause.body:
+            if not isinstance(literal, Constraint):
+                body.add((literal if isinstance(literal, Atom) else literal.atom).relation)
+    needed: set[str] = set()
+    todo = list(wanted)
+    while todo:
+        relation = todo.pop()
+        if relation not in needed:
+            needed.add(relation)
+            todo.extend(depends.get(relation, ()))
+    return needed
+
+
+def _recursive_atoms(clause: Clause, members: set[str]) -> list[tuple[int, str]]:
+    """Body positions and relations of the positive atoms over relations of the stratum."""
+    return [
+        (position, literal.relation)
+        for position, literal in enumerate(clause.body)
+        if isinstance(literal, Atom) and literal.relation in members
+    ]
+
+
+def _constant(expr: Expr) -> Value:
+    assert isinstance(expr, (NumberConst, StringConst))
+    return expr.value
+
+
+# ---------------------------------------------------------------------------------------------
+# Planning and translation to pyDatalog clauses
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Positive:
+    """A positive atom reading ``table``; args are variables, constants or wildcards."""
+
+    table: _Table
+    args: tuple[Expr, ...]
+
+
+@dataclass(frozen=True)
+class _Negative:
+    """A negated atom over ``table``."""
+
+    table: _Table
+    args: tuple[Expr, ...]
+
+
+@dataclass(frozen=True)
+class _Compare:
+    """A comparison (``=`` may bind a variable)."""
+
+    op: str
+    left: Expr
+    right: Expr
+    location: SourceLocation
+
+
+_Goal = Union[_Positive, _Negative, _Compare]
+
+
+class _DivisionByZero(BaseException):
+    """Raised by arithmetic inside pyDatalog.
+
+    A BaseException on purpose: pyDatalog catches ``Exception`` while computing
+    expressions and would turn it into a value.
+    """
+
+    def __init__(self, location: SourceLocation) -> None:
+        super().__init__(str(location))
+        self.location = location
+
+
+def _translate(clause: Clause, head_pred: Any, tables: Sequence[_Table | None]) -> Any:
+    """The pyDatalog clause for ``clause``, deriving into ``head_pred``.
+
+    ``tables[i]`` is the table read by body literal ``i`` (None for comparisons).
+    """
+    temporaries = (f"${n}" for n in itertools.count())
+    goals: list[_Goal] = []
+    head_args: list[Expr] = []
+    for arg in clause.head.args:
+        if isinstance(arg, BinaryOp):
+            temporary = Variable(next(temporaries))
+            goals.append(_Compare("=", temporary, arg, clause.location))
+            arg = temporary
+        head_args.append(arg)
+    for literal, table in zip(clause.body, tables):
+        if isinstance(literal, Constraint):
+            goals.append(_Compare(literal.op, literal.left, literal.right, literal.location))
+            continue
+        atom = literal if isinstance(literal, Atom) else literal.atom
+        args: list[Expr] = []
+        for arg in atom.args:
+            if isinstance(arg, BinaryOp):
+                temporary = Variable(next(temporaries))
+                goals.append(_Compare("=", temporary, arg, atom.location))
+                arg = temporary
+            args.append(arg)
+        assert table is not None
+        goals.append(_Positive(table, tuple(args)) if isinstance(literal, Atom) else _Negative(table, tuple(args)))
+    planned = _plan(goals)
+    if planned is None:
+        raise EngineError(f"{clause.location}: embedded engine cannot order the body of this rule")
+    terms = _Terms()
+    body = [_goal_literal(goal, terms) for goal in planned]
+    head = pyEngine.Literal(head_pred, [terms.term(arg) for arg in head_args])
+    return pyEngine.Clause(head, body)
+
+
+def _plan(goals: Sequence[_Goal]) -> list[_Goal] | None:
+    """Order ``goals`` for left-to-right evaluation.
+
+    Filters (comparisons, negations) go as early as their variables are bound; among the
+    positive atoms the one with the smallest estimated number of matches for the variables
+    bound so far goes next. None if some filter never gets its variables bound (the parser's
+    grounding check rules that out).
+    """
+    bound: set[str] = set()
+    atoms = [goal for goal in goals if isinstance(goal, _Positive)]
+    filters = [goal for goal in goals if not isinstance(goal, _Positive)]
+    ordered: list[_Goal] = []
+    while True:
+        placed = True
+        while placed:
+            placed = False
+            for goal in list(filters):
+                binds = _binds_when_ready(goal, bound)
+                if binds is not None:
+                    ordered.append(goal)
+                    bound |= binds
+                    filters.remove(goal)
+                    placed = True
+        if not atoms:
+            break
+        best = min(atoms, key=lambda atom: _estimate(atom, bound))
+        atoms.remove(best)
+        ordered.append(best)
+        bound |= {arg.name for arg in best.args if isinstance(arg, Variable)}
+    return None if filters else ordered
+
+
+def _variables(expr: Expr) -> set[str]:
+    if isinstance(expr, Variable):
+        return {expr.name}
+    if isinstance(expr, BinaryOp):
+        return _variables(expr.left) | _variables(expr.right)
+    return set()
+
+
+def _binds_when_ready(goal: _Goal, bound: set[str]) -> set[str] | None:
+    """Variables ``goal`` binds if it can run once ``bound`` are bound, else None."""
+    if isinstance(goal, _Negative):
+        needed = set().union(*(_variables(arg) for arg in goal.args))
+        return set() if needed <= bound else None
+    assert isinstance(goal, _Compare)
+    left, right = _variables(goal.left), _variables(goal.right)
+    if left <= bound and right <= bound:
+        return set()
+    if goal.op == "=":
+        for target, source in ((goal.left, right), (goal.right, left)):
+            if isinstance(target, Variable) and target.name not in bound and source <= bound:
+                return {target.name}
+    return None
+
+
+def _estimate(atom: _Positive, bound: set[str]) -> float:
+    """Estimated matches of ``atom`` given ``bound`` (uniform, independent columns)."""
+    estimate = float(len(atom.table.rows))
+    for column, arg in enumerate(atom.args):
+        if isinstance(arg, (NumberConst, StringConst)) or (isinstance(arg, Variable) and arg.name in bound):
+            estimate /= max(atom.table.distinct(column), 1)
+    return estimate
+
+
+class _Terms:
+    """Builds pyDatalog terms for one clause (one variable object per name)."""
+
+    def __init__(self) -> None:
+        self._variables: dict[str, Any] = {}
+        self._wildcards = itertools.count()
+
+    def term(self, expr: Expr) -> Any:
+        if isinstance(expr, Variable):
+            if expr.name not in self._variables:
+                self._variables[expr.name] = pyEngine.Var(expr.name)
+            return self._variables[expr.name]
+        if isinstance(expr, Wildcard):
+            return pyEngine.Var(f"$_{next(self._wildcards)}")
+        if isinstance(expr, (NumberConst, StringConst)):
+            return pyEngine.Const(expr.value)
+        raise AssertionError(f"unexpected term {expr!r}")
+
+    def expression(self, expr: Expr, location: SourceLocation) -> Any:
+        """A term for ``expr``; arithmetic becomes a pyDatalog operation computed on binding."""
+        if not isinstance(expr, BinaryOp):
+            return self.term(expr)
+        function = _arithmetic(expr.op, expr.kind, location)
+        operands = pyEngine.VarTuple([self.expression(expr.left, location), self.expression(expr.right, location)])
+        return pyEngine.Operation(pyEngine.Const(None), function, operands)
+
+
+def _goal_literal(goal: _Goal, terms: _Terms) -> Any:
+    """The pyDatalog literal for a planned goal."""
+    if isinstance(goal, _Positive):
+        return pyEngine.Literal(goal.table.pred, [terms.term(arg) for arg in goal.args])
+    if isinstance(goal, _Negative):
+        return pyEngine.Literal("~" + goal.table.pred.name, [terms.term(arg) for arg in goal.args])
+    left = terms.expression(goal.left, goal.location)
+    right = terms.expression(goal.right, goal.location)
+    return pyEngine.Literal(_PYDATALOG_COMPARISONS[goal.op], [left, right])
+
+
+def _arithmetic(op: str, kind: str, location: SourceLocation) -> Callable[[int, int], int]:
+    """``op`` with Soufflé's semantics for ``kind`` (32-bit wrap-around, C division)."""
+    if kind == "unsigned":
+
+        def wrap(value: int) -> int:
+            return value & _UNSIGNED_MAX
+
+    else:
+
+        def wrap(value: int) -> int:
+            return ((value - _NUMBER_MIN) & _UNSIGNED_MAX) + _NUMBER_MIN
+
+    if op == "+":
+        return lambda a, b: wrap(a + b)
+    if op == "-":
+        return lambda a, b: wrap(a - b)
+    if op == "*":
+        return lambda a, b: wrap(a * b)
+
+    def quotient(a: int, b: int) -> int:
+        if b == 0:
+            raise _DivisionByZero(location)
+        result = abs(a) // abs(b)
+        return result if (a < 0) == (b < 0) else -result
+
+    if op == "/":
+        return lambda a, b: wrap(quotient(a, b))
+    assert op == "%"
+    return lambda a, b: wrap(a - b * quotient(a, b))
