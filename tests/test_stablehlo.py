@@ -28,6 +28,8 @@ def test_mlp_names_locations_and_inlined_relu():
     assert maximum.parent == (call.id, 0)
     dot = next(op for op in program.ops if op.kind == "stablehlo.dot_general")
     assert dot.loc.endswith("toast/examples/mlp.py:" + str(_line_of("toast/examples/mlp.py", "y = x @ w1")))
+    # Ops inside relu carry no user frame of their own: they take the call site's line.
+    assert maximum.loc.endswith("toast/examples/mlp.py:" + str(_line_of("toast/examples/mlp.py", "z = jax.nn.relu(y)")))
 
 
 def _line_of(path: str, text: str) -> int:

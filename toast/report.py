@@ -64,6 +64,7 @@ def summary(analysis: Analysis, *, top: int = 10) -> str:
         more = f", ... ({len(color.dims)} definition dims)" if len(color.dims) > 3 else ""
         sizes = sorted({d.size for d in color.dims})
         largest.append({"id": color.id, "size": color.size, "dim_sizes": sizes, "examples": shown + more})
-    return environment.get_template("summary.txt.j2").render(
+    text = environment.get_template("summary.txt.j2").render(
         program=analysis.program, stats=analysis.stats, largest=largest, unruled=analysis.unruled_ops,
     )
+    return text.rstrip("\n") + "\n"

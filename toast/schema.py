@@ -1,9 +1,9 @@
 """The one source of truth for the relations Python and the rules exchange.
 
-``INPUTS`` are the facts ``toast.facts`` writes; ``rules/schema.dl`` is generated from them
+``INPUTS`` are the facts ``toast.facts`` writes; ``OUTPUTS`` are the relations the rules
+derive and Python reads back (reading back checks their names and arity against this list).
+Both are declared, once, in ``rules/schema.dl``, which is generated from this module
 (``python -m toast.schema > rules/schema.dl``; a test checks it is up to date).
-``OUTPUTS`` are the relations the rules derive and Python reads back; reading back checks
-their names and arity against this list.
 
 All ids are non-negative integers: ``Op`` (an op instance), ``Value`` (an SSA value),
 ``Use`` (one operand position of one op), ``Name`` (a dimension name: one dimension of one
@@ -127,7 +127,8 @@ OUTPUTS: tuple[Relation, ...] = (
          "Name is identified through a reshape only by its major factor of Size elements: an axis "
          "sharding it must divide Size."),
     _rel("unruled_op", "Op:number, Kind:symbol",
-         "Op has no rule (Kind, or \"stablehlo.custom_call @target\"): it gets no identities."),
+         "Op, of kind Kind, has no rule (a custom_call is ruled per call target): it contributes no "
+         "identities, which is safe, and is reported."),
     _rel("invalid_ident_size", "A:number, B:number, File:symbol, Line:number",
          "Invariant (must be empty): the rule at File:Line identified names of different sizes "
          "without recording a reshape factor."),
@@ -137,20 +138,22 @@ RELATIONS: dict[str, Relation] = {r.name: r for r in INPUTS + OUTPUTS}
 
 
 def schema_dl() -> str:
-    """The text of ``rules/schema.dl``: one documented ``.decl`` + ``.input`` per input."""
+    """The text of ``rules/schema.dl``: a documented ``.decl`` per input and output relation."""
     lines = [
-        "// Input relations: the facts toast.facts writes for a program.",
+        "// The relations Python and the rules exchange: inputs (facts toast.facts writes) and",
+        "// outputs (what the rules derive and toast reads back).",
         "// GENERATED from toast/schema.py by `python -m toast.schema > rules/schema.dl`; do not edit.",
         "// Ids are numbers: Op (op instance), Value (SSA value), Use (one operand position),",
         "// Name (a dimension name of one definition or one use); Dim is a 0-based dim index.",
-        "",
     ]
-    for relation in INPUTS:
-        lines.append(f"/** {relation.doc} */")
-        lines.append(relation.declaration())
-        lines.append(f".input {relation.name}")
-        lines.append("")
-    return "\n".join(lines)
+    for title, relations, io in (("Inputs", INPUTS, ".input"), ("Outputs", OUTPUTS, ".output")):
+        lines += ["", f"//---- {title} " + "-" * (86 - len(title)), ""]
+        for relation in relations:
+            lines.append(f"/** {relation.doc} */")
+            lines.append(relation.declaration())
+            lines.append(f"{io} {relation.name}")
+            lines.append("")
+    return "\n".join(lines).rstrip("\n") + "\n"
 
 
 def check_rows(name: str, rows: list[tuple]) -> list[tuple]:

@@ -233,7 +233,7 @@ class _Reader:
             value = self._new_value(arg, name=name, loc="", what=f"argument {name}")
             env[arg] = value
             arguments.append(value)
-        self._walk_block(block, env, names, prefix="", parent=None, depth=0)
+        self._walk_block(block, env, names, prefix="", parent=None, depth=0, call_loc="")
         terminator = self.ops[-1]
         results = terminator.operands
         self._name_results(entry, results, set(arguments))
@@ -284,14 +284,15 @@ class _Reader:
         return value.id
 
     def _walk_block(self, block: Any, env: dict[Any, int], names: Any, *, prefix: str,
-                    parent: tuple[int, int] | None, depth: int) -> None:
+                    parent: tuple[int, int] | None, depth: int, call_loc: str) -> None:
         for mlir_op in block.operations:
-            self._visit(mlir_op, env, names, prefix=prefix, parent=parent, depth=depth)
+            self._visit(mlir_op, env, names, prefix=prefix, parent=parent, depth=depth, call_loc=call_loc)
 
     def _visit(self, mlir_op: Any, env: dict[Any, int], names: Any, *, prefix: str,
-               parent: tuple[int, int] | None, depth: int) -> None:
+               parent: tuple[int, int] | None, depth: int, call_loc: str) -> None:
         kind = mlir_op.operation.name
-        loc = python_location(mlir_op.location)
+        # Ops of private functions (relu, log_softmax) carry no user frame: use the call's.
+        loc = python_location(mlir_op.location) or call_loc
         try:
             operands = tuple(env[v] for v in mlir_op.operands)
         except KeyError:  # pragma: no cover - MLIR verifies dominance before we get here
@@ -325,7 +326,8 @@ class _Reader:
                 for mlir_arg, value_id in zip(block.arguments, args):
                     env[mlir_arg] = value_id
                 regions.append(args)
-                self._walk_block(block, env, names, prefix=prefix, parent=(op_id, region_index), depth=depth)
+                self._walk_block(block, env, names, prefix=prefix, parent=(op_id, region_index), depth=depth,
+                                 call_loc=call_loc)
         self.ops[op_id] = Op(op_id, kind, operands, results, attrs, loc, parent, tuple(regions))
 
     def _inline_call(self, mlir_op: Any, op_id: int, env: dict[Any, int], *, loc: str, depth: int) -> tuple[int, ...]:
@@ -350,7 +352,7 @@ class _Reader:
         )
         for mlir_arg, value_id in zip(block.arguments, args):
             callee_env[mlir_arg] = value_id
-        self._walk_block(block, callee_env, names, prefix=prefix, parent=(op_id, 0), depth=depth + 1)
+        self._walk_block(block, callee_env, names, prefix=prefix, parent=(op_id, 0), depth=depth + 1, call_loc=loc)
         return args
 
     @staticmethod

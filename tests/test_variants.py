@@ -1,0 +1,79 @@
+"""Analysis variants, user rule directories, --keep, and the schema's single source."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from toast import analyze
+from toast.datalog import parse_text
+from toast.errors import RuleError, ToastError
+from toast.schema import INPUTS, OUTPUTS, schema_dl
+from toast.variants import RULES_DIR, SCHEMA_FILE, assemble, load_variant
+
+MLP = "toast.examples.mlp:mlp"
+
+
+def test_schema_dl_is_generated_from_toast_schema():
+    assert SCHEMA_FILE.read_text() == schema_dl(), "run: python -m toast.schema > rules/schema.dl"
+
+
+def test_rules_declare_each_relation_once_with_the_schema_arity():
+    assembled = assemble(load_variant("default"))
+    program = parse_text(assembled.text, path=str(RULES_DIR / "program.dl"))
+    for relation in INPUTS:
+        assert relation.name in program.inputs
+    for relation in OUTPUTS:
+        assert relation.name in program.outputs, relation.name
+        assert program.relations[relation.name].arity == relation.arity
+    # Every relation declared has a doc comment for users reading the rules.
+    undocumented = [name for name, decl in program.relations.items() if not decl.doc.strip()]
+    assert undocumented == []
+
+
+def test_user_rules_extend_and_override(tmp_path):
+    base = analyze(MLP, engine="embedded")
+    assert len(base.colors) == 4
+    rules = tmp_path / "rules"
+    (rules / "ops").mkdir(parents=True)
+    # Override: an elementwise table without maximum, so relu no longer maps its dims ...
+    elementwise = (RULES_DIR / "ops/elementwise.dl").read_text()
+    (rules / "ops/elementwise.dl").write_text(elementwise.replace('elementwise_kind("stablehlo.maximum").\n', ""))
+    overridden = analyze(MLP, engine="embedded", rules=rules)
+    assert [u.kind for u in overridden.unruled_ops] == ["stablehlo.maximum"]
+    assert len(overridden.colors) > 4
+    # ... and extend: a rule of one's own for it, in a new file, makes the 4 colors again.
+    (rules / "maximum.dl").write_text(
+        'ruled_kind("stablehlo.maximum").\n'
+        "ident(A, B, Op, __FILE__, __LINE__) :-\n"
+        '    op(Op, "stablehlo.maximum"), out_dim(Op, 0, Dim, A, Size), in_dim(Op, _, Dim, B, Size).\n'
+    )
+    extended = analyze(MLP, engine="embedded", rules=rules)
+    assert extended.unruled_ops == ()
+    assert [c.dims for c in extended.colors] == [c.dims for c in base.colors]
+    assert any(i.file == str((rules / "maximum.dl").resolve()) and i.line == 2 for i in extended.identities)
+
+
+def test_keep_holds_facts_program_and_outputs(tmp_path):
+    keep = tmp_path / "keep"
+    analysis = analyze(MLP, engine="embedded", keep=keep)
+    assert (keep / "program.dl").read_text().count("#include") == 1 + len(load_variant().rules)
+    assert (keep / "facts" / "def_dim.facts").read_text().count("\n") == analysis.stats["definition_dims"]
+    assert (keep / "out" / "ident.csv").read_text().count("\n") == analysis.stats["identities"]
+
+
+def test_unknown_variant_and_malformed_variant(tmp_path):
+    with pytest.raises(ToastError, match="unknown analysis variant 'nope' .*default"):
+        load_variant("nope")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("name = 'x'\nrules = 3\n")
+    with pytest.raises(RuleError, match="bad.toml: variant needs 'rules'"):
+        load_variant(str(bad))
+
+
+def test_variant_with_missing_rule_file(tmp_path):
+    variant = tmp_path / "v.toml"
+    variant.write_text('name = "v"\nrules = ["nda.dl", "ops/nope.dl"]\n')
+    with pytest.raises(RuleError, match="ops/nope.dl: rule file of variant 'v' is missing"):
+        assemble(load_variant(str(variant)))
