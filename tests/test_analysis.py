@@ -113,3 +113,12 @@ def test_scan_over_layers_shares_names_across_iterations():
     hidden = analysis.color_of_dim("params['blocks']['w_fc']", 2)
     assert analysis.color_of_dim("params['blocks']['w_proj']", 1) == hidden
     assert analysis.color_of_dim("tokens", 0) == analysis.color_of_dim("targets", 0)
+
+
+@pytest.mark.slow
+def test_gpt2_sized_12_layer_step_has_no_unruled_op():
+    fn, args = gpt_train_step(layers=12)
+    analysis = analyze("gpt12", fn=fn, args=args, engine="embedded")
+    assert analysis.unruled_ops == ()
+    assert analysis.invalid == ()
+    assert analysis.stats["ops"] > 5000
