@@ -7,7 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 from toast.cli import main
 
@@ -89,7 +88,7 @@ def test_syntax_error_in_user_rules(tmp_path, capsys):
     rules.mkdir()
     (rules / "mine.dl").write_text("// my rules\n\nident(A, B, Op, __FILE__, __LINE__) :- op(Op, \"x\"\n")
     out = tmp_path / "out.json"
-    line = _fails_with_one_line(["analyze", MLP, "--engine", "embedded", "--rules", str(rules), "--json", str(out)],
+    _fails_with_one_line(["analyze", MLP, "--engine", "embedded", "--rules", str(rules), "--json", str(out)],
                                 capsys, "mine.dl:3")
     assert not out.exists()
 

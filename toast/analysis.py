@@ -21,7 +21,7 @@ import numpy as np
 from toast import stablehlo
 from toast.classes import union_find
 from toast.datalog.souffle import run_souffle, souffle_binary, write_facts
-from toast.errors import EngineError, InputError, ToastError
+from toast.errors import InputError, ToastError
 from toast.facts import DimensionNames, program_facts
 from toast.ir import Program
 from toast.schema import OUTPUTS, check_rows
@@ -119,19 +119,8 @@ class Analysis:
             if candidate.name == value:
                 if not 0 <= dim < len(candidate.shape):
                     raise ToastError(f"{value} has {len(candidate.shape)} dims; no dim {dim}")
-                return self._def_name(value_id, dim)
+                return self.names.def_base[value_id] + dim
         raise ToastError(f"no value named '{value}' (names as in the JSON: argument names, result[N], %N)")
-
-    def _def_name(self, value_id: int, dim: int) -> int:
-        # Definition names are numbered value by value, dim by dim (toast.facts).
-        return self._def_base()[value_id] + dim
-
-    def _def_base(self) -> list[int]:
-        base, total = [], 0
-        for value in self.program.values:
-            base.append(total)
-            total += len(value.shape)
-        return base
 
     def color_of_dim(self, value: str, dim: int) -> Color:
         """The color holding ``value``'s dim ``dim``."""

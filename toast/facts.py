@@ -26,10 +26,12 @@ class DimensionNames:
     Attributes:
       defs: ``defs[name] = (value id, dim)`` for definition names ``0 .. len(defs)-1``.
       uses: ``uses[name - len(defs)] = (op id, operand index, dim)`` for use names.
+      def_base: ``def_base[value id]`` is the name of the value's dim 0; dim d is that + d.
     """
 
     defs: tuple[tuple[int, int], ...]
     uses: tuple[tuple[int, int, int], ...]
+    def_base: tuple[int, ...]
 
     @property
     def count(self) -> int:
@@ -65,7 +67,7 @@ def program_facts(program: Program) -> tuple[Facts, DimensionNames]:
             facts["region_return"].append((op.parent[0], op.parent[1], op.id))
         for relation, row in _attribute_facts(op, program):
             facts[relation].append(row)
-    return facts, DimensionNames(tuple(defs), tuple(uses))
+    return facts, DimensionNames(tuple(defs), tuple(uses), tuple(def_base))
 
 
 def _shape(program: Program, op: Op, operand: int) -> tuple[int, ...]:

@@ -228,7 +228,7 @@ class _Reader:
         names = ir.AsmState(entry)
         env: dict[Any, int] = {}
         arguments = []
-        for index, arg in enumerate(block.arguments):
+        for arg in block.arguments:
             name = _name_of_location(arg.location) or arg.get_name(names)
             value = self._new_value(arg, name=name, loc="", what=f"argument {name}")
             env[arg] = value
