@@ -8,6 +8,7 @@ needs to trace why two dims share a color.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import shutil
 import tempfile
@@ -20,7 +21,7 @@ import numpy as np
 
 from toast import stablehlo
 from toast.classes import union_find
-from toast.datalog.souffle import run_souffle, souffle_binary, write_facts
+from toast.datalog.souffle import run_souffle, souffle_binary, write_relations
 from toast.errors import InputError, ToastError
 from toast.facts import DimensionNames, program_facts
 from toast.ir import Program
@@ -187,6 +188,7 @@ def analyze(
       keep: directory that keeps the facts, the assembled program and the engine outputs.
       timeout_s: limit for the Datalog engine, in seconds.
     """
+    chosen = pick_engine(engine)
     timings: dict[str, float] = {}
     start = time.perf_counter()
     program = source if isinstance(source, Program) else load_input(source, args=args, fn=fn)
@@ -196,7 +198,6 @@ def analyze(
     facts, names = program_facts(program)
     timings["facts"] = time.perf_counter() - start
 
-    chosen = pick_engine(engine)
     assembled = assemble(load_variant(variant), user_rules=Path(rules) if rules is not None else None)
     start = time.perf_counter()
     outputs = _evaluate(assembled.text, facts, engine=chosen, keep=Path(keep) if keep else None, timeout_s=timeout_s)
@@ -229,8 +230,8 @@ def _evaluate(text: str, facts: dict[str, list[tuple]], *, engine: str, keep: Pa
 
             outputs = run_embedded_file(program_file, facts, list(output_types))
             if keep is not None:
-                write_facts(facts, workdir / "facts")
-                _write_outputs(outputs, workdir / "out")
+                write_relations(facts, workdir / "facts", suffix=".facts")
+                write_relations(outputs, workdir / "out", suffix=".csv")
         if keep is not None:
             keep.mkdir(parents=True, exist_ok=True)
             for item in workdir.iterdir():
@@ -243,13 +244,7 @@ def _evaluate(text: str, facts: dict[str, list[tuple]], *, engine: str, keep: Pa
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _write_outputs(outputs: dict[str, list[tuple]], directory: Path) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    for name, rows in outputs.items():
-        with open(directory / f"{name}.csv", "w") as out:
-            out.writelines("\t".join(str(x) for x in row) + "\n" for row in rows)
-
-
+@functools.lru_cache(maxsize=256)
 def display_rule_file(path: str) -> str:
     """A rule file path relative to the project root when it lies inside it."""
     try:

@@ -29,11 +29,12 @@ def souffle_binary() -> str | None:
     return shutil.which("souffle")
 
 
-def write_facts(facts: Mapping[str, Sequence[tuple]], directory: Path) -> None:
-    """Write each relation as ``directory/<name>.facts`` (tab-separated, one row a line)."""
+def write_relations(relations: Mapping[str, Sequence[tuple]], directory: Path, *, suffix: str) -> None:
+    """Write each relation as ``directory/<name><suffix>`` (tab-separated, one row a line),
+    the format Soufflé reads (``.facts``) and writes (``.csv``)."""
     directory.mkdir(parents=True, exist_ok=True)
-    for name, rows in facts.items():
-        with open(directory / f"{name}.facts", "w") as out:
+    for name, rows in relations.items():
+        with open(directory / f"{name}{suffix}", "w") as out:
             out.writelines("\t".join(str(x) for x in row) + "\n" for row in rows)
 
 
@@ -75,7 +76,7 @@ def run_souffle(
     if souffle is None:
         raise EngineError(f"--engine souffle: `souffle` is not on PATH; {INSTALL_HINT}")
     facts_dir, out_dir = workdir / "facts", workdir / "out"
-    write_facts(facts, facts_dir)
+    write_relations(facts, facts_dir, suffix=".facts")
     out_dir.mkdir(parents=True, exist_ok=True)
     run_args = ["-F", str(facts_dir), "-D", str(out_dir), "-j", str(jobs)]
     if compiled:
