@@ -237,10 +237,10 @@ class _Reader:
         terminator = self.ops[-1]
         results = terminator.operands
         self._name_results(entry, results, set(arguments))
-        module_name = self.module.operation.attributes["sym_name"].value if (
-            "sym_name" in self.module.operation.attributes) else Path(self.source).stem
+        module_attributes = self.module.operation.attributes
+        has_name = "sym_name" in module_attributes
         return Program(
-            name=module_name,
+            name=module_attributes["sym_name"].value if has_name else Path(self.source).stem,
             values=tuple(self.values),
             ops=tuple(self.ops),
             arguments=tuple(arguments),
