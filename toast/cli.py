@@ -1,4 +1,4 @@
-"""``toast`` command line: ``toast analyze``, ``toast explain`` and ``toast graph``.
+"""``toast`` command line: ``analyze``, ``explain``, ``graph``, ``shard`` and ``validate``.
 
 Problems the user can fix print one line ``toast: error: ...`` and exit 2; no traceback.
 """
@@ -61,6 +61,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     shard_parser.add_argument("--strategy", default="data_parallel",
                               help="data_parallel, megatron, fsdp or sequence")
     shard_parser.add_argument("-o", "--output", metavar="FILE", help="write the strategy JSON to FILE")
+    shard_parser.add_argument("--emit", metavar="FILE", help="write the StableHLO annotated with the shardings "
+                              "(Shardy form, as jax.jit lowers it) to FILE")
+    validate_parser = commands.add_parser("validate", help="compile and run a strategy with XLA on host CPU "
+                                          "devices; compare collectives and memory with the predictions")
+    _add_analysis_options(validate_parser)
+    validate_parser.add_argument("strategy", metavar="STRATEGY", help="strategy JSON from `toast shard -o`")
+    validate_parser.add_argument("--devices", type=int, required=True, metavar="N",
+                                 help="host CPU devices (must equal the strategy's mesh size)")
+    validate_parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    validate_parser.add_argument("--json", metavar="FILE", help="write the agreement as JSON to FILE")
     options = parser.parse_args(argv)
     try:
         return _run(options)
@@ -85,6 +95,16 @@ def _run(options: argparse.Namespace) -> int:
 
         mesh = parse_mesh(options.mesh)  # bad input fails before the analysis
         hardware = load_hardware(options.hardware)
+    if options.command == "validate":
+        from toast.hardware import load_hardware
+        from toast.strategy import read_strategy, strategy_mesh
+
+        document = read_strategy(options.strategy)  # bad input fails before the analysis
+        mesh = strategy_mesh(document, path=options.strategy)
+        if options.devices != mesh.devices:
+            raise ToastError(f"--devices {options.devices}, but the strategy's mesh {mesh.spec()} has "
+                             f"{mesh.devices} devices")
+        hardware = load_hardware(str(document["hardware"]))
     if options.command == "graph":
         color = _parse_color(options.color)
         graph_format = options.format or ("svg" if (options.output or "").endswith(".svg") else "dot")
@@ -101,6 +121,8 @@ def _run(options: argparse.Namespace) -> int:
         return 0
     if options.command == "shard":
         return _shard(options, analysis, mesh, hardware)
+    if options.command == "validate":
+        return _validate(options, analysis, document, mesh, hardware)
     if options.command == "graph":
         from toast.graph import dimension_graph_dot, render_svg
 
@@ -118,7 +140,7 @@ def _run(options: argparse.Namespace) -> int:
 
 def _shard(options: argparse.Namespace, analysis, mesh, hardware) -> int:
     from toast.cost import CostModel
-    from toast.report import write_json_atomic
+    from toast.report import write_json_atomic, write_text_atomic
     from toast.sharding import ShardingModel
     from toast.strategies import manual_strategy, roles_for
     from toast.strategy import strategy_json
@@ -126,9 +148,17 @@ def _shard(options: argparse.Namespace, analysis, mesh, hardware) -> int:
     model = ShardingModel(analysis, mesh)
     state, actions = manual_strategy(model, options.strategy, roles_for(options.input))
     cost = CostModel(model, hardware).evaluate(state)
+    document = strategy_json(model, state, actions, cost, source=options.input, hardware=hardware.name,
+                             name=options.strategy)
+    emitted = None
+    if options.emit:
+        from toast.emit import sharded_module_text
+
+        emitted = sharded_module_text(model, state)  # before any file is written
     if options.output:
-        write_json_atomic(strategy_json(model, state, actions, cost, source=options.input, hardware=hardware.name,
-                                        name=options.strategy), options.output)
+        write_json_atomic(document, options.output)
+    if emitted is not None:
+        write_text_atomic(emitted, options.emit)
     kinds: dict[str, int] = {}
     for collective in cost.collectives:
         key = f"{collective.kind} over {'+'.join(collective.axes)}"
@@ -138,6 +168,26 @@ def _shard(options: argparse.Namespace, analysis, mesh, hardware) -> int:
     print(f"step time {cost.runtime_s * 1e3:.3f} ms (compute {cost.compute_s * 1e3:.3f} ms), peak memory "
           f"{cost.peak_bytes / 2**20:.1f} MiB per device, relative cost {cost.relative:.3f}")
     print("collectives: " + (", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "none"))
+    return 0
+
+
+def _validate(options: argparse.Namespace, analysis, document, mesh, hardware) -> int:
+    from toast.report import write_json_atomic
+    from toast.sharding import ShardingModel
+    from toast.strategy import strategy_state
+    from toast.validate import agreement_json, format_agreement, validate
+
+    model = ShardingModel(analysis, mesh)
+    state = strategy_state(model, document, path=options.strategy)
+    agreement = validate(model, state, hardware, seed=options.seed, timeout_s=options.timeout)
+    print(f"{analysis.program.name}: strategy {document.get('strategy', '?')} on mesh {mesh.spec()}, "
+          f"{mesh.devices} host CPU devices")
+    print(format_agreement(agreement), end="")
+    if options.json:
+        write_json_atomic(agreement_json(agreement), options.json)
+    if not agreement.numerics.match:
+        print("toast: error: the sharded program's outputs differ from the unsharded program's", file=sys.stderr)
+        return 1
     return 0
 
 

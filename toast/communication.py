@@ -122,17 +122,13 @@ class CommunicationModel:
         value_bytes = self.value_bytes(state)
         found: list[Collective] = []
         # Partial results of reductions, resolved at the producer.
-        partial_by_op: dict[int, int] = {}
-        reducing_masks = masks[self.reducing_names]
-        for index in np.flatnonzero(reducing_masks).tolist():
-            op_id = int(self.reducing_ops[index])
-            partial_by_op[op_id] = partial_by_op.get(op_id, 0) | int(reducing_masks[index])
+        partial_by_op = self.partial_results(state)
         def_masks_at_use = masks[self.use_def]
         for op_id in sorted(partial_by_op):
             axes_mask = partial_by_op[op_id]
             for value_id in program.ops[op_id].results:
                 size = int(value_bytes[value_id])
-                wanted = self._scatter_dim(state, value_id, axes_mask)
+                wanted = self.scatter_dim(state, value_id, axes_mask)
                 if wanted is None:
                     found.append(Collective("all-reduce", axes_of(axes_mask), value_id, op_id, -1, size, size))
                     continue
@@ -174,7 +170,32 @@ class CommunicationModel:
         low, high = np.searchsorted(self._sorted_use_def, [def_name, def_name + 1])
         return order[low:high]
 
-    def _scatter_dim(self, state: ShardingState, value_id: int, axes_mask: int) -> int | None:
+    def partial_results(self, state: ShardingState) -> dict[int, int]:
+        """``op id -> axes mask`` of the ops whose results are partial sums over those axes."""
+        partial_by_op: dict[int, int] = {}
+        reducing_masks = state.masks[self.reducing_names]
+        for index in np.flatnonzero(reducing_masks).tolist():
+            op_id = int(self.reducing_ops[index])
+            partial_by_op[op_id] = partial_by_op.get(op_id, 0) | int(reducing_masks[index])
+        return partial_by_op
+
+    def definition_axes(self, state: ShardingState) -> dict[int, tuple[tuple[str, ...], ...]]:
+        """Shardings of the values a reduce-scatter leaves split on a dim their names are not:
+        ``value id -> axes per dim`` (every other value is as ``ShardingModel.value_axes``)."""
+        model = self.model
+        found = {}
+        for op_id, axes_mask in sorted(self.partial_results(state).items()):
+            for value_id in model.analysis.program.ops[op_id].results:
+                dim = self.scatter_dim(state, value_id, axes_mask)
+                if dim is None:
+                    continue
+                base = model.analysis.names.def_base[value_id]
+                rank = len(model.analysis.program.values[value_id].shape)
+                masks = [int(state.masks[base + d]) | (axes_mask if d == dim else 0) for d in range(rank)]
+                found[value_id] = tuple(model.mesh.mask_axes(m) for m in masks)
+        return found
+
+    def scatter_dim(self, state: ShardingState, value_id: int, axes_mask: int) -> int | None:
         """The dim the first use that shards the value along ``axes_mask`` wants it split on."""
         for _, first, rank in self.uses_of_value.get(value_id, ()):
             for dim in range(rank):

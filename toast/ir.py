@@ -10,7 +10,7 @@ Ids are dense integers: ``program.values[i].id == i`` and ``program.ops[i].id ==
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -80,6 +80,8 @@ class Program:
       ops: every op instance, indexed by id, in program order (parents before children).
       arguments: value ids of the entry function's arguments.
       results: value ids the entry function returns, in order.
+      text: the StableHLO text the program was read from (``""`` when built by hand); the
+        sharded module (``toast.emit``) annotates this text.
     """
 
     name: str
@@ -87,6 +89,7 @@ class Program:
     ops: tuple[Op, ...]
     arguments: tuple[int, ...]
     results: tuple[int, ...]
+    text: str = field(default="", repr=False, compare=False)
 
     def producers(self) -> list[int]:
         """``producers()[value id]``: the op defining the value (its result or the block argument

@@ -20,6 +20,7 @@ from typing import Sequence
 import numpy as np
 
 from toast.analysis import Analysis
+from toast.conflicts import use_index
 from toast.errors import ToastError
 from toast.mesh import Mesh
 
@@ -59,6 +60,12 @@ class ShardingState:
         return self.masks.tobytes()
 
 
+def spec_entries(dim_axes: Sequence[tuple[str, ...]]) -> tuple:
+    """``jax.sharding.PartitionSpec`` entries of per-dim axes: ``None``, an axis name, or a tuple
+    of axis names (major to minor) per dim."""
+    return tuple(None if not axes else axes[0] if len(axes) == 1 else tuple(axes) for axes in dim_axes)
+
+
 class ShardingModel:
     """The static structure of an analysis that states are read against (built once, linear).
 
@@ -92,6 +99,12 @@ class ShardingModel:
         self.factor_sizes = np.asarray([analysis.major_factors[n] for n in self.factor_names.tolist()],
                                        dtype=np.int64)
         self.devices_of_mask = np.asarray([mesh.mask_size(m) for m in range(256)], dtype=np.int64)
+        # First use name of each returned operand of @main's func.return (-1 for scalars).
+        returns = [op for op in program.ops if op.kind == "func.return" and op.parent is None]
+        uses = use_index(program, names)
+        self.result_first_names = tuple(
+            uses.name(returns[-1].id, k, 0) if program.values[v].shape else -1
+            for k, v in enumerate(returns[-1].operands)) if returns else ()
 
     def initial(self) -> ShardingState:
         """The unsharded state (every name replicated)."""
@@ -157,11 +170,17 @@ class ShardingModel:
         base = self.analysis.names.def_base[value_id]
         return self.dim_axes(state, range(base, base + len(self.analysis.program.values[value_id].shape)))
 
+    def result_axes(self, state: ShardingState, index: int) -> tuple[tuple[str, ...], ...]:
+        """Axes sharding each dim of result ``index`` as ``@main`` returns it (its use by
+        ``func.return``, which a conflict resolution may shard unlike the definition)."""
+        value_id = self.analysis.program.results[index]
+        first = self.result_first_names[index]
+        rank = len(self.analysis.program.values[value_id].shape)
+        return self.dim_axes(state, range(first, first + rank)) if first >= 0 else ()
+
     def partition_spec(self, state: ShardingState, value_id: int) -> tuple:
-        """The value's sharding as a ``jax.sharding.PartitionSpec``'s entries: per dim ``None``,
-        an axis name, or a tuple of axis names."""
-        return tuple(None if not axes else axes[0] if len(axes) == 1 else axes
-                     for axes in self.value_axes(state, value_id))
+        """The value's definition sharding as ``jax.sharding.PartitionSpec`` entries."""
+        return spec_entries(self.value_axes(state, value_id))
 
     def _name_label(self, name: int) -> str:
         from toast.explain import describe_name

@@ -13,6 +13,7 @@ regions are kept as nested ops whose block arguments and terminators the rules c
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -64,7 +65,20 @@ def read_text(text: str, *, source: str = "<string>") -> Program:
             message = _parse_error_line(source, err)
         raise InputError(message) from None
     with context:
-        return _Reader(module, source).program()
+        return dataclasses.replace(_Reader(module, source).program(), text=text)
+
+
+def read_module(module: Any, *, source: str) -> tuple[Program, list[tuple[Any, bool]]]:
+    """Read a parsed module (inside its context) and trace where each op came from.
+
+    Returns:
+      The program and, per op id, ``(MLIR operation, inside_call)``: the operation the op
+      was read from and whether it sits in an inlined callee (one MLIR operation then stands
+      for several ops, one per call).
+    """
+    reader = _Reader(module, source)
+    reader.trace = []
+    return reader.program(), reader.trace
 
 
 def _parse_error_line(source: str, err: Any) -> str:
@@ -219,6 +233,7 @@ class _Reader:
         self.values: list[Value] = []
         self.ops: list[Op] = []
         self.call_counts: dict[str, int] = {}
+        self.trace: list[tuple[Any, bool]] | None = None
 
     def program(self) -> Program:
         from jax._src.lib.mlir import ir
@@ -308,6 +323,8 @@ class _Reader:
         regions: list[tuple[int, ...]] = []
         # Reserve the op's slot first so parents precede their children.
         self.ops.append(Op(op_id, kind, operands, results, attrs, loc, parent, ()))
+        if self.trace is not None:
+            self.trace.append((mlir_op, depth > 0))
         if kind == "func.call":
             regions.append(self._inline_call(mlir_op, op_id, env, loc=loc, depth=depth))
         else:

@@ -150,6 +150,8 @@ class XlaCollective:
       bytes_in: per-device bytes of all operands (the shards sent in).
       bytes_out: per-device bytes of the result (the shard that comes out).
       name: the instruction's name in the HLO module.
+      parts: ``(bytes_in, bytes_out)`` per operand when XLA combined several collectives into
+        one variadic instruction (its all-reduce/all-gather combiners), else one pair.
     """
 
     kind: str
@@ -160,6 +162,7 @@ class XlaCollective:
     bytes_in: int
     bytes_out: int
     name: str
+    parts: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -288,7 +291,8 @@ def report_from_json(reply: dict[str, Any]) -> XlaReport:
         collectives=tuple(
             XlaCollective(kind=c["kind"], axes=tuple(c["axes"]), groups=tuple(tuple(g) for g in c["groups"]),
                           dtype=c["dtype"], shape=tuple(c["shape"]), bytes_in=int(c["bytes_in"]),
-                          bytes_out=int(c["bytes_out"]), name=c["name"])
+                          bytes_out=int(c["bytes_out"]), name=c["name"],
+                          parts=tuple((int(i), int(o)) for i, o in c.get("parts", ())))
             for c in reply["collectives"]
         ),
         memory={str(k): int(v) for k, v in reply["memory"].items()},
@@ -365,14 +369,12 @@ def _parse_instruction(line: str) -> HloInstructionText:
 
 def _parse_shape(text: str, at: int) -> tuple[list[HloShape], int]:
     """Parse the shape starting at ``text[at]``; return its flattened arrays and the end."""
-    while at < len(text) and text[at] == " ":
-        at += 1
+    at = _skip_blank(text, at, " ")
     if text.startswith("(", at):
         shapes: list[HloShape] = []
         at += 1
         while True:
-            while text[at] in " ,":
-                at += 1
+            at = _skip_blank(text, at, " ,")
             if text[at] == ")":
                 return shapes, at + 1
             inner, at = _parse_shape(text, at)
@@ -385,6 +387,22 @@ def _parse_shape(text: str, at: int) -> tuple[list[HloShape], int]:
     if text.startswith("{", at):  # layout
         at = _skip_balanced(text, at)
     return [HloShape(match.group(1), dims)], at
+
+
+def _skip_blank(text: str, at: int, blanks: str) -> int:
+    """Index of the first character from ``at`` that is not in ``blanks`` nor in a ``/*...*/``
+    comment (XLA numbers long tuples: ``(f32[2], /*index=5*/f32[2])``)."""
+    while at < len(text):
+        if text[at] in blanks:
+            at += 1
+        elif text.startswith("/*", at):
+            end = text.find("*/", at + 2)
+            if end < 0:
+                raise ToastError(f"unclosed comment in HLO text: {text[at:at + 40]!r}")
+            at = end + 2
+        else:
+            break
+    return at
 
 
 def _skip_balanced(text: str, at: int) -> int:
@@ -906,6 +924,8 @@ def _collective(instruction: Any, opcode: str, mesh_axes: Sequence[tuple[str, in
         bytes_in=sum(s.nbytes for s in operands),
         bytes_out=sum(s.nbytes for s in result),
         name=parsed.name,
+        parts=(tuple((i.nbytes, o.nbytes) for i, o in zip(operands, result)) if len(operands) == len(result)
+               else ((sum(s.nbytes for s in operands), sum(s.nbytes for s in result)),)),
     )
 
 
