@@ -9,6 +9,7 @@ Rules, per op of the program:
 - **Uses.** A use whose sharding differs from its definition's needs, per axis: an
   all-gather (the definition is split along the axis, the use is not), an all-to-all (both
   are split along it, on different dims), or a local slice (only the use is split: free).
+  Uses of one value with one sharding share the collective (as XLA's CSE merges them).
 - **Dims an op cannot split.** An operand dim that the op's rules do not identify with a
   result dim (a concatenated, padded or sliced dim, ...) and that is not a reduction is used
   whole: if its definition is split, the use all-gathers it.
@@ -19,7 +20,7 @@ unsharded endpoint: the all-gather/reduce-scatter pairs of Figure 5b.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -48,6 +49,8 @@ class Collective:
       operand: the operand index for a use, ``-1`` for a result.
       bytes_in: bytes per device going in.
       bytes_out: bytes per device coming out.
+      last_op: for a use, the last op that uses the value with this sharding (the resharded
+        copy lives until then); ``op`` otherwise.
     """
 
     kind: str
@@ -57,6 +60,7 @@ class Collective:
     operand: int
     bytes_in: int
     bytes_out: int
+    last_op: int = -1
 
 
 class CommunicationModel:
@@ -147,17 +151,29 @@ class CommunicationModel:
         starts = self.use_site_starts
         moved = np.bitwise_or.reduceat(extra, starts)
         use_or = np.bitwise_or.reduceat(use_masks, starts)
+        seen: dict[tuple[int, bytes], list[int]] = {}
         for site in np.flatnonzero(moved).tolist():
-            op_id, operand, value_id, _, _ = self.use_sites[site]
+            op_id, operand, value_id, first, rank = self.use_sites[site]
+            # One value resharded alike for several uses moves once (XLA's CSE merges the copies).
+            layout = (value_id, use_masks[first - defs:first - defs + rank].tobytes())
+            if layout in seen:
+                for index in seen[layout]:
+                    found[index] = replace(found[index], last_op=op_id)
+                continue
+            seen[layout] = []
             in_bytes = int(value_bytes[value_id])
             to_all = int(moved[site]) & int(use_or[site])
             gathered = int(moved[site]) & ~to_all
             if gathered:
                 out_bytes = in_bytes * int(devices[gathered])
-                found.append(Collective("all-gather", axes_of(gathered), value_id, op_id, operand, in_bytes, out_bytes))
+                seen[layout].append(len(found))
+                found.append(Collective("all-gather", axes_of(gathered), value_id, op_id, operand, in_bytes, out_bytes,
+                                        op_id))
                 in_bytes = out_bytes
             if to_all:
-                found.append(Collective("all-to-all", axes_of(to_all), value_id, op_id, operand, in_bytes, in_bytes))
+                seen[layout].append(len(found))
+                found.append(Collective("all-to-all", axes_of(to_all), value_id, op_id, operand, in_bytes, in_bytes,
+                                        op_id))
         return found
 
     def _uses_of_def_name(self, def_name: int) -> np.ndarray:
@@ -169,6 +185,15 @@ class CommunicationModel:
             self._sorted_use_def = self.use_def[order]
         low, high = np.searchsorted(self._sorted_use_def, [def_name, def_name + 1])
         return order[low:high]
+
+    def use_axes(self, state: ShardingState, op_id: int, operand: int) -> tuple[tuple[str, ...], ...]:
+        """Axes sharding each dim of an operand as the op uses it (a dim the op cannot split is
+        whole)."""
+        defs = len(self.model.analysis.names.defs)
+        first = self.uses.name(op_id, operand, 0)
+        rank = len(self.model.analysis.program.values[self.model.analysis.program.ops[op_id].operands[operand]].shape)
+        return tuple(self.model.mesh.mask_axes(int(state.masks[n]) & int(self.keep_mask[n - defs]))
+                     for n in range(first, first + rank))
 
     def partial_results(self, state: ShardingState) -> dict[int, int]:
         """``op id -> axes mask`` of the ops whose results are partial sums over those axes."""
@@ -199,7 +224,8 @@ class CommunicationModel:
         """The dim the first use that shards the value along ``axes_mask`` wants it split on."""
         for _, first, rank in self.uses_of_value.get(value_id, ()):
             for dim in range(rank):
-                mask = int(state.masks[first + dim]) & int(self.keep_mask[first + dim - len(self.model.analysis.names.defs)])
+                defs = len(self.model.analysis.names.defs)
+                mask = int(state.masks[first + dim]) & int(self.keep_mask[first + dim - defs])
                 if mask & axes_mask == axes_mask:
                     return dim
         return None

@@ -13,8 +13,10 @@ are ready). Other ops are free, as in the paper. Loop bodies count once (trip co
 known statically).
 
 Peak memory per device is a live-range analysis: each value's shard occupies its bytes from
-the op that defines it to its last use (arguments from the start, results to the end); the
-peak is the largest sum over program points.
+the op that defines it to its last use; arguments and results occupy theirs for the whole
+step (XLA's buffer assignment gives entry parameters and outputs their own allocations, and
+the runtime allocates outputs before it runs the step). The peak is the largest sum over
+program points.
 
 The relative cost is ``C(s) = RT(s) + MP(s)`` with ``RT = runtime / initial runtime`` and
 ``MP = penalty · (peak − device memory) / initial peak`` when the peak exceeds the device
@@ -24,6 +26,7 @@ memory, else 0.
 from __future__ import annotations
 
 import math
+from typing import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -117,6 +120,7 @@ class CostModel:
         for value_id in program.results:
             last_use[value_id] = end
         born = np.asarray([producer[v] + 1 if producer[v] >= 0 else 0 for v in range(len(program.values))])
+        born[list(program.results)] = 0  # output buffers are allocated before the step runs
         self.born = born
         self.dies = np.maximum(last_use + 1, born + 1)
         self.initial = self._absolute(model.initial())
@@ -170,7 +174,7 @@ class CostModel:
             key = "+".join(collective.axes)
             communication[key] = communication.get(key, 0.0) + seconds
         runtime = self._critical_path(op_time)
-        peak = self._peak_memory(state)
+        peak = self._peak_memory(state, collectives)
         return runtime, compute, communication, peak, collectives
 
     def _costly_ops(self) -> list[int]:
@@ -217,9 +221,15 @@ class CostModel:
             best = max(best, done)
         return best
 
-    def _peak_memory(self, state: ShardingState) -> int:
+    def _peak_memory(self, state: ShardingState, collectives: Sequence[Collective]) -> int:
         sizes = self.communication.value_bytes(state)
         delta = np.zeros(len(self.model.analysis.program.ops) + 2, dtype=np.int64)
         np.add.at(delta, self.born, sizes)
         np.add.at(delta, self.dies, -sizes)
+        # A value resharded for its uses (gathered parameters, Figure 5b's k) is a second copy
+        # that lives from its first such use to its last.
+        for collective in collectives:
+            if collective.operand >= 0:
+                delta[collective.op] += collective.bytes_out
+                delta[max(collective.last_op, collective.op) + 1] -= collective.bytes_out
         return int(np.cumsum(delta).max())

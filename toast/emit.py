@@ -8,8 +8,10 @@ annotated the way ``jax.jit(f, in_shardings=..., out_shardings=...)`` annotates 
   definition sharding) and results (the sharding ``func.return`` uses them with);
 - ``sdy.sharding_constraint`` after every op of ``@main`` and its nested regions, on every
   ranked result, with the definition sharding (after a reduce-scatter where the communication
-  model puts one), so that XLA's partitioner keeps the state's layout instead of choosing its
-  own. Dim shardings are closed (``{"batch"}``, not ``{"batch", ?}``): exactly these axes.
+  model puts one), and before an op on every operand it uses sharded unlike the definition
+  (the use sharding: where the model gathers, all-to-alls or slices), so that XLA's
+  partitioner carries out the state's plan instead of choosing its own. Dim shardings are
+  closed (``{"batch"}``, not ``{"batch", ?}``): exactly these axes.
 
 Ops inside a private function that ``func.call`` reaches are left unconstrained: one function
 body serves every call, and the calls may be sharded differently (XLA propagates into them).
@@ -85,6 +87,17 @@ def sharded_module_text(model: ShardingModel, state: ShardingState, *,
             for op, (mlir_op, inside_call) in zip(program.ops, trace):
                 if inside_call or op.kind in _UNCONSTRAINED:
                     continue
+                # Operands the op uses sharded unlike their definition: the resharding (gather,
+                # all-to-all, local slice) happens here, as the communication model has it.
+                for operand, value_id in enumerate(op.operands):
+                    if not program.values[value_id].shape:
+                        continue
+                    wanted = communication.use_axes(state, op.id, operand)
+                    if wanted == (scattered.get(value_id) or model.value_axes(state, value_id)):
+                        continue
+                    with ir.InsertionPoint(mlir_op), mlir_op.location:
+                        constraint = sdy.ShardingConstraintOp(mlir_op.operands[operand], sharding(wanted))
+                    mlir_op.operands[operand] = constraint.result
                 for mlir_result, value_id in zip(mlir_op.results, op.results):
                     if not program.values[value_id].shape:
                         continue
