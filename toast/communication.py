@@ -5,7 +5,9 @@ Rules, per op of the program:
 - **Partial results.** A dot_general or convolution whose contracting dims, or a reduce whose
   reduced dims, are sharded along axes A computes partial results on each device: the result
   needs an all-reduce over A, or a reduce-scatter over A when a use of the result wants it
-  sharded along A (e.g. the output of Figure 5b).
+  sharded along A (e.g. the output of Figure 5b). An all-reduce over several axes is one
+  all-reduce per axis, minor axis first: a hierarchical reduction, which is also how XLA's
+  partitioned modules carry it out.
 - **Uses.** A use whose sharding differs from its definition's needs, per axis: an
   all-gather (the definition is split along the axis, the use is not), an all-to-all (both
   are split along it, on different dims), or a local slice (only the use is split: free).
@@ -134,7 +136,9 @@ class CommunicationModel:
                 size = int(value_bytes[value_id])
                 wanted = self.scatter_dim(state, value_id, axes_mask)
                 if wanted is None:
-                    found.append(Collective("all-reduce", axes_of(axes_mask), value_id, op_id, -1, size, size))
+                    # Over several axes, one all-reduce per axis, minor first (as XLA's module has it).
+                    for axis in reversed(axes_of(axes_mask)):
+                        found.append(Collective("all-reduce", (axis,), value_id, op_id, -1, size, size))
                     continue
                 # Reduce-scatter: the value is split along the axes on that dim from now on.
                 def_name = names.def_base[value_id] + wanted

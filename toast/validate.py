@@ -117,8 +117,13 @@ def xla_transfers(report: XlaReport) -> list[Transfer]:
     return found
 
 
-def predicted_transfers(collectives: Sequence[Collective]) -> list[Transfer]:
-    return [Transfer(c.kind, c.axes, c.bytes_in, c.bytes_out) for c in collectives]
+def predicted_transfers(collectives: Sequence[Collective], *, reduce_scatter: bool = False) -> list[Transfer]:
+    """The predicted collectives as compared. Unless ``reduce_scatter``, a reduce-scatter is
+    compared as the all-reduce of its input that XLA's CPU pipeline leaves in its place (the
+    partitioner writes all-reduce + dynamic-slice; only the GPU and TPU pipelines run the
+    ``ReduceScatterCreator`` pass that fuses the two)."""
+    return [Transfer("all-reduce", c.axes, c.bytes_in, c.bytes_in) if c.kind == "reduce-scatter" and not reduce_scatter
+            else Transfer(c.kind, c.axes, c.bytes_in, c.bytes_out) for c in collectives]
 
 
 def _close(predicted: int, actual: int, tolerance: float) -> bool:
@@ -144,9 +149,10 @@ def match_count(predicted: Sequence[Transfer], actual: Sequence[Transfer], *, to
 
 
 def compare(collectives: Sequence[Collective], predicted_peak_bytes: int, report: XlaReport, *,
-            tolerance: float = DEFAULT_TOLERANCE) -> Agreement:
-    """Set predicted collectives and peak memory against what XLA compiled."""
-    predicted = predicted_transfers(collectives)
+            tolerance: float = DEFAULT_TOLERANCE, reduce_scatter: bool = False) -> Agreement:
+    """Set predicted collectives and peak memory against what XLA compiled (``reduce_scatter``:
+    see ``predicted_transfers``; true for a backend that forms reduce-scatters)."""
+    predicted = predicted_transfers(collectives, reduce_scatter=reduce_scatter)
     actual = xla_transfers(report)
     groups: dict[tuple[str, tuple[str, ...]], tuple[list[Transfer], list[Transfer]]] = {}
     for transfer in predicted:

@@ -1,0 +1,251 @@
+"""Sharded StableHLO (``toast.emit``), the check against XLA (``toast.validate``), ``toast
+validate`` and the JAX helper (``toast.jax_sharding``).
+
+XLA-backed tests compile the emitted module in a worker of host CPU devices; expected
+collectives are written out by hand from the shapes (bytes per device), not computed by the
+code under test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import analysis_of
+from toast.cli import main
+from toast.communication import Collective
+from toast.emit import sharded_module_text
+from toast.errors import ToastError
+from toast.hardware import load_hardware
+from toast.mesh import parse_mesh
+from toast.sharding import Action, ShardingModel
+from toast.strategies import STRATEGIES, manual_strategy, roles_for
+from toast.validate import compare, validate, xla_footprint
+from toast.xla_check import Numerics, XlaCollective, XlaReport, check_sharded_module
+
+MLP = "toast.examples.mlp:mlp"
+ATTENTION = "toast.examples.attention:attention"
+GPT = "toast.examples.gpt:gpt_small"
+A100 = load_hardware("a100_80gb")
+
+
+def _strategy_state(spec: str, strategy: str, mesh: str):
+    model = ShardingModel(analysis_of(spec), parse_mesh(mesh))
+    state, _ = manual_strategy(model, strategy, roles_for(spec))
+    return model, state
+
+
+def _xla_kinds(report: XlaReport) -> list[tuple[str, tuple[str, ...], int, int]]:
+    return sorted((c.kind, c.axes, c.bytes_in, c.bytes_out) for c in report.collectives)
+
+
+# ---- the emitted module, compiled by XLA --------------------------------------------------
+
+
+def test_emitted_mlp_batch_only_has_no_collectives():
+    model, state = _strategy_state(MLP, "data_parallel", "batch=4,model=2")
+    text = sharded_module_text(model, state)
+    assert 'sdy.mesh @mesh = <["batch"=4, "model"=2]>' in text
+    assert '#sdy.sharding<@mesh, [{"batch"}, {}]>' in text
+    report = check_sharded_module(text, model.mesh.axes)
+    assert report.numerics.match
+    assert report.collectives == ()
+
+
+def test_emitted_mlp_megatron_has_one_all_reduce_over_model():
+    """Figure 2c: one all-reduce over model of the [256/4, 16] f32 output shard."""
+    model, state = _strategy_state(MLP, "megatron", "batch=4,model=2")
+    text = sharded_module_text(model, state)
+    assert text.count("sdy.sharding_constraint") == 2  # the two dots; relu is a private function
+    report = check_sharded_module(text, model.mesh.axes)
+    assert report.numerics.match
+    assert _xla_kinds(report) == [("all-reduce", ("model",), 64 * 16 * 4, 64 * 16 * 4)]
+
+
+def test_attention_figure_5b_agrees_with_xla():
+    """Resolution 1: k all-gathered before the score matmul (32x32 f32 shard -> 128x32) and the
+    output reduce-scattered; XLA's CPU pipeline writes the reduce-scatter as all-reduce + slice."""
+    analysis = analysis_of(ATTENTION)
+    model = ShardingModel(analysis, parse_mesh("s=4"))
+    state = model.apply(model.initial(), Action(analysis.color_of_dim("x", 0).id, "s", (1,)))
+    report = check_sharded_module(sharded_module_text(model, state), model.mesh.axes)
+    assert report.numerics.match
+    full = 128 * 32 * 4
+    assert _xla_kinds(report) == [("all-gather", ("s",), full // 4, full), ("all-reduce", ("s",), full, full)]
+    agreement = validate(model, state, A100)
+    assert agreement.matched == 2 and agreement.agreement == 1.0
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_gpt_step_manual_strategies_agree_with_xla(strategy):
+    """The GPT-style step on 8 host devices: numerics match, >= 90% of the collectives within
+    10% of XLA's bytes, peak memory within 25% of XLA's footprint."""
+    model, state = _strategy_state(GPT, strategy, "batch=2,model=4")
+    agreement = validate(model, state, A100)
+    assert agreement.numerics.match, agreement.numerics
+    assert agreement.agreement >= 0.9, agreement.rows
+    assert abs(agreement.peak_error) <= 0.25, (agreement.predicted_peak_bytes, agreement.xla_peak_bytes)
+
+
+def test_emit_refuses_a_program_without_text():
+    from dataclasses import replace
+
+    from toast import analyze
+
+    analysis = analyze(replace(analysis_of(MLP).program, text=""), engine="embedded")
+    model = ShardingModel(analysis, parse_mesh("batch=4"))
+    with pytest.raises(ToastError, match="not read from StableHLO text"):
+        sharded_module_text(model, model.initial())
+
+
+# ---- the comparison, without XLA ------------------------------------------------------------
+
+
+def _report(*collectives: XlaCollective, memory: dict[str, int] | None = None) -> XlaReport:
+    return XlaReport(Numerics(True, 0.0, 1), tuple(collectives), memory or {})
+
+
+def _xla(kind: str, axes: tuple[str, ...], parts: tuple[tuple[int, int], ...]) -> XlaCollective:
+    return XlaCollective(kind, axes, (), "f32", (), sum(i for i, _ in parts), sum(o for _, o in parts), "x", parts)
+
+
+def _ours(kind: str, axes: tuple[str, ...], bytes_in: int, bytes_out: int) -> Collective:
+    return Collective(kind, axes, 0, 0, -1, bytes_in, bytes_out)
+
+
+def test_combined_collectives_count_per_operand():
+    predicted = [_ours("all-reduce", ("b",), 100, 100), _ours("all-reduce", ("b",), 4000, 4000)]
+    agreement = compare(predicted, 0, _report(_xla("all-reduce", ("b",), ((4, 4), (104, 104), (3900, 3900)))))
+    assert (agreement.predicted_count, agreement.xla_count, agreement.matched) == (2, 3, 2)
+    assert agreement.agreement == pytest.approx(2 / 3)
+
+
+def test_bytes_outside_the_tolerance_do_not_match():
+    predicted = [_ours("all-gather", ("m",), 100, 400)]
+    assert compare(predicted, 0, _report(_xla("all-gather", ("m",), ((100, 460),)))).matched == 0
+    assert compare(predicted, 0, _report(_xla("all-gather", ("m",), ((100, 440),)))).matched == 1
+    assert compare(predicted, 0, _report(_xla("all-gather", ("b",), ((100, 400),)))).matched == 0
+
+
+def test_reduce_scatter_is_compared_as_the_cpu_all_reduce():
+    predicted = [_ours("reduce-scatter", ("s",), 4096, 1024)]
+    xla = _report(_xla("all-reduce", ("s",), ((4096, 4096),)))
+    assert compare(predicted, 0, xla).matched == 1
+    assert compare(predicted, 0, xla, reduce_scatter=True).matched == 0
+
+
+def test_footprint_is_arguments_outputs_temporaries_less_aliases():
+    memory = {"argument_size_in_bytes": 100, "output_size_in_bytes": 50, "temp_size_in_bytes": 30,
+              "alias_size_in_bytes": 20, "peak_memory_in_bytes": 150}
+    assert xla_footprint(memory) == 160
+    agreement = compare([], 200, _report(memory=memory))
+    assert agreement.peak_error == pytest.approx(200 / 160 - 1)
+    assert agreement.agreement == 1.0
+
+
+# ---- toast shard --emit and toast validate ----------------------------------------------------
+
+
+def test_shard_emit_and_validate_commands(tmp_path, capsys):
+    strategy, module = tmp_path / "s.json", tmp_path / "sharded.mlir"
+    assert main(["shard", MLP, "--engine", "embedded", "--mesh", "batch=4,model=2", "--strategy", "megatron",
+                 "-o", str(strategy), "--emit", str(module)]) == 0
+    assert "sdy.sharding_constraint" in module.read_text()
+    capsys.readouterr()
+    report = tmp_path / "agreement.json"
+    assert main(["validate", MLP, str(strategy), "--engine", "embedded", "--devices", "8", "--json",
+                 str(report)]) == 0
+    out = capsys.readouterr().out
+    assert "all-reduce  model" in out and "1 of 1 agree (100%" in out and "numerics: match" in out
+    document = json.loads(report.read_text())
+    assert document["collectives"] == [{"kind": "all-reduce", "axes": ["model"], "predicted": 1, "xla": 1,
+                                        "predicted_bytes": 4096, "xla_bytes": 4096, "matched": 1}]
+
+
+@pytest.fixture(scope="module")
+def mlp_strategy(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("strategy") / "mlp.json"
+    assert main(["shard", MLP, "--engine", "embedded", "--mesh", "batch=4,model=2", "-o", str(path)]) == 0
+    return path
+
+
+def _one_error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
+def test_validate_refuses_a_strategy_for_another_program(mlp_strategy, tmp_path, capsys):
+    report = tmp_path / "agreement.json"
+    assert main(["validate", "toast.examples.transpose_matmul:transpose_matmul", str(mlp_strategy), "--engine",
+                 "embedded", "--devices", "8", "--json", str(report)]) == 2
+    assert "strategy file for another program" in _one_error_line(capsys)
+    assert not report.exists()
+
+
+@pytest.mark.parametrize("content, devices, message", [
+    (None, "4", "--devices 4, but the strategy's mesh batch=4,model=2 has 8 devices"),
+    ("{not json", "8", "s.json:1:2: not a strategy file (invalid JSON"),
+    ('{"mesh": {"axes": [["batch", 4]]}}', "4", "not a strategy file: no 'fingerprint', 'hardware', 'state'"),
+])
+def test_validate_bad_input(content, devices, message, mlp_strategy, tmp_path, capsys):
+    path = mlp_strategy
+    if content is not None:
+        path = tmp_path / "s.json"
+        path.write_text(content)
+    assert main(["validate", MLP, str(path), "--engine", "embedded", "--devices", devices]) == 2
+    assert message in _one_error_line(capsys)
+
+
+def test_validate_refuses_a_tampered_state(mlp_strategy, tmp_path, capsys):
+    document = json.loads(mlp_strategy.read_text())
+    document["state"]["masks"] = "not base64!"
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(document))
+    assert main(["validate", MLP, str(path), "--engine", "embedded", "--devices", "8"]) == 2
+    assert "malformed 'state'" in _one_error_line(capsys)
+
+
+# ---- the JAX helper ---------------------------------------------------------------------------
+
+_HELPER_SCRIPT = """
+import json, sys
+import jax, numpy as np
+from toast.examples.mlp import mlp
+from toast.jax_sharding import sharded_jit
+fn, specs = mlp()
+sharded = sharded_jit(sys.argv[1], fn, specs)
+rng = np.random.default_rng(0)
+args = [rng.standard_normal(s.shape, dtype=np.float32) for s in specs]
+out = sharded(*args)
+compiled = sharded.lower(*args).compile().as_text()
+print(json.dumps({"close": bool(np.allclose(out, fn(*args), rtol=1e-4, atol=1e-4)),
+                  "spec": list(out.sharding.spec), "devices": len(out.sharding.device_set),
+                  "all_reduces": compiled.count(" all-reduce(")}))
+"""
+
+
+def test_sharded_jit_runs_the_strategy_with_jax(tmp_path):
+    strategy = tmp_path / "megatron.json"
+    assert main(["shard", MLP, "--engine", "embedded", "--mesh", "batch=4,model=2", "--strategy", "megatron",
+                 "-o", str(strategy)]) == 0
+    env = dict(os.environ, JAX_NUM_CPU_DEVICES="8", JAX_PLATFORMS="cpu")
+    done = subprocess.run([sys.executable, "-c", _HELPER_SCRIPT, str(strategy)], capture_output=True, text=True,
+                          env=env, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result == {"close": True, "spec": ["batch", None], "devices": 8, "all_reduces": 1}
+
+
+def test_sharded_jit_refuses_another_program(mlp_strategy):
+    from toast.examples.transpose_matmul import transpose_matmul
+    from toast.jax_sharding import sharded_jit
+
+    fn, args = transpose_matmul()
+    with pytest.raises(ToastError, match="strategy file for another program"):
+        sharded_jit(mlp_strategy, fn, args)
