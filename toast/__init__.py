@@ -26,6 +26,7 @@ from toast.conflicts import (
 from toast.errors import EngineError, InputError, RuleError, ToastError
 from toast.explain import Explanation, Step, explain, format_explanation
 from toast.graph import dimension_graph_dot
+from toast.jax_sharding import sharded_jit
 from toast.report import summary, to_json
 
 __all__ = [
@@ -51,6 +52,7 @@ __all__ = [
     "dimension_graph_dot",
     "explain",
     "format_explanation",
+    "sharded_jit",
     "summary",
     "to_json",
 ]
