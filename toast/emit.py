@@ -47,7 +47,7 @@ def sharded_module_text(model: ShardingModel, state: ShardingState, *,
     from jax._src.lib.mlir import ir
     from jax._src.lib.mlir.dialects import sdy
 
-    from toast.stablehlo import read_module
+    from toast.stablehlo import entry_function, read_module
     from toast.strategy import program_fingerprint
 
     program = model.analysis.program
@@ -73,7 +73,9 @@ def sharded_module_text(model: ShardingModel, state: ShardingState, *,
             dims = [sdy.DimensionShardingAttr.get([sdy.AxisRefAttr.get(a) for a in axes], True) for axes in dim_axes]
             return sdy.TensorShardingAttr.get(MESH_NAME, dims)
 
-        entry = _entry_function(module, program.name)
+        functions = {op.attributes["sym_name"].value: op for op in module.body.operations
+                     if op.operation.name == "func.func"}
+        entry = entry_function(functions, program.name)
         arg_shardings = [sharding(model.value_axes(state, v)) if program.values[v].shape else None
                          for v in program.arguments]
         res_shardings = [sharding(model.result_axes(state, k)) if program.values[v].shape else None
@@ -108,19 +110,6 @@ def sharded_module_text(model: ShardingModel, state: ShardingState, *,
         if not module.operation.verify():  # pragma: no cover - verify raises on failure
             raise ToastError(f"{program.name}: the annotated module does not verify")
         return module.operation.get_asm(enable_debug_info=True)
-
-
-def _entry_function(module: Any, source: str) -> Any:
-    """``@main``, else the one public function (as ``toast.stablehlo`` picks the entry)."""
-    functions = [op for op in module.body.operations if op.operation.name == "func.func"]
-    for function in functions:
-        if function.attributes["sym_name"].value == "main":
-            return function
-    public = [f for f in functions
-              if "sym_visibility" not in f.attributes or f.attributes["sym_visibility"].value == "public"]
-    if len(public) != 1:
-        raise ToastError(f"{source}: no entry function")
-    return public[0]
 
 
 def _set_attrs(function: Any, key: str, shardings: Sequence[Any]) -> None:

@@ -68,6 +68,17 @@ def read_text(text: str, *, source: str = "<string>") -> Program:
         return dataclasses.replace(_Reader(module, source).program(), text=text)
 
 
+def entry_function(functions: dict[str, Any], source: str) -> Any:
+    """``@main`` among a module's ``func.func`` ops by name, else its one public function."""
+    if "main" in functions:
+        return functions["main"]
+    public = [f for f in functions.values()
+              if "sym_visibility" not in f.attributes or f.attributes["sym_visibility"].value == "public"]
+    if len(public) != 1:
+        raise InputError(f"{source}: no entry function: expected func.func @main or one public function")
+    return public[0]
+
+
 def read_module(module: Any, *, source: str) -> tuple[Program, list[tuple[Any, bool]]]:
     """Read a parsed module (inside its context) and trace where each op came from.
 
@@ -263,13 +274,7 @@ class _Reader:
         )
 
     def _entry_function(self) -> Any:
-        if "main" in self.functions:
-            return self.functions["main"]
-        public = [f for name, f in self.functions.items()
-                  if "sym_visibility" not in f.attributes or f.attributes["sym_visibility"].value == "public"]
-        if len(public) != 1:
-            raise InputError(f"{self.source}: no entry function: expected func.func @main or one public function")
-        return public[0]
+        return entry_function(self.functions, self.source)
 
     def _name_results(self, entry: Any, results: tuple[int, ...], arguments: set[int]) -> None:
         """Give returned values the entry function's ``jax.result_info`` names."""
