@@ -156,13 +156,13 @@ class CommunicationModel:
         moved = np.bitwise_or.reduceat(extra, starts)
         use_or = np.bitwise_or.reduceat(use_masks, starts)
         seen: dict[tuple[int, bytes], list[int]] = {}
+        last_user: dict[tuple[int, bytes], int] = {}
         for site in np.flatnonzero(moved).tolist():
             op_id, operand, value_id, first, rank = self.use_sites[site]
             # One value resharded alike for several uses moves once (XLA's CSE merges the copies).
             layout = (value_id, use_masks[first - defs:first - defs + rank].tobytes())
             if layout in seen:
-                for index in seen[layout]:
-                    found[index] = replace(found[index], last_op=op_id)
+                last_user[layout] = op_id
                 continue
             seen[layout] = []
             in_bytes = int(value_bytes[value_id])
@@ -178,6 +178,9 @@ class CommunicationModel:
                 seen[layout].append(len(found))
                 found.append(Collective("all-to-all", axes_of(to_all), value_id, op_id, operand, in_bytes, in_bytes,
                                         op_id))
+        for layout, op_id in last_user.items():  # once per shared layout, not per use
+            for index in seen[layout]:
+                found[index] = replace(found[index], last_op=op_id)
         return found
 
     def _uses_of_def_name(self, def_name: int) -> np.ndarray:
