@@ -17,7 +17,7 @@ import time
 import toast
 from toast.datalog.souffle import souffle_binary
 from toast.examples.gpt import gpt_train_step
-from toast.stablehlo import read_callable
+from toast.frontend.stablehlo import read_callable
 
 
 def main() -> None:

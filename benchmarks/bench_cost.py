@@ -19,12 +19,12 @@ import platform  # noqa: E402
 import time  # noqa: E402
 
 import toast  # noqa: E402
-from toast.cost import CostModel  # noqa: E402
+from toast.cost.model import CostModel  # noqa: E402
 from toast.examples.gpt import gpt_train_step  # noqa: E402
-from toast.hardware import load_hardware  # noqa: E402
-from toast.mesh import parse_mesh  # noqa: E402
-from toast.sharding import ShardingModel  # noqa: E402
-from toast.strategies import STRATEGIES, manual_strategy, roles_for  # noqa: E402
+from toast.cost.hardware import load_hardware  # noqa: E402
+from toast.sharding.mesh import parse_mesh  # noqa: E402
+from toast.sharding.state import ShardingModel  # noqa: E402
+from toast.sharding.strategies import STRATEGIES, manual_strategy, roles_for  # noqa: E402
 
 
 def main() -> None:

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_validate.py [--size small|medium] [--mesh batch=2,model=4]
 
-For each strategy: write the sharded module (``toast.emit``), compile and run it with XLA's
+For each strategy: write the sharded module (``toast.output.sharded_stablehlo``), compile and run it with XLA's
 SPMD partitioner on 8 host CPU devices next to the unsharded program, and compare collectives
 (kind, mesh axes, bytes per device; 10% tolerance) and peak memory per device with XLA's
 (arguments + outputs + temporaries). Prints a Markdown table for BENCHMARKS.md.
@@ -19,11 +19,11 @@ import time
 
 import toast
 from toast.examples.gpt import gpt_train_step
-from toast.hardware import load_hardware
-from toast.mesh import parse_mesh
-from toast.sharding import ShardingModel
-from toast.strategies import STRATEGIES, manual_strategy, roles_for
-from toast.validate import validate
+from toast.cost.hardware import load_hardware
+from toast.sharding.mesh import parse_mesh
+from toast.sharding.state import ShardingModel
+from toast.sharding.strategies import STRATEGIES, manual_strategy, roles_for
+from toast.xla.validate import validate
 
 SIZES = {
     "small": dict(layers=2, batch=2, seq=16, d_model=64, heads=4, vocab=128),

@@ -6,8 +6,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from toast.facts import program_facts, reshape_factors
-from toast.stablehlo import read_callable
+from toast.facts.writer import program_facts, reshape_factors
+from toast.frontend.stablehlo import read_callable
 
 
 @pytest.mark.parametrize(

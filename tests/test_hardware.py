@@ -1,4 +1,4 @@
-"""Accelerator profiles (hardware/*.toml) and their loader, toast.hardware."""
+"""Accelerator profiles (hardware/*.toml) and their loader, toast.cost.hardware."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import tomllib
 import pytest
 
 from toast.errors import ToastError
-from toast.hardware import HARDWARE_DIR, axis_levels, known_hardware, load_hardware
+from toast.resources import resource_dir
+from toast.cost.hardware import axis_levels, known_hardware, load_hardware
 
 BUNDLED = [
     "a100_40gb", "a100_80gb", "b200", "h100", "h200", "p100", "tpu_v3", "tpu_v4", "tpu_v5e", "tpu_v5p", "v100",
@@ -60,7 +61,7 @@ def test_bundled_profile_loads_with_positive_numbers(name):
 
 @pytest.mark.parametrize("name", BUNDLED)
 def test_bundled_profile_cites_sources_in_every_section(name):
-    data = tomllib.loads((HARDWARE_DIR / f"{name}.toml").read_text())
+    data = tomllib.loads((resource_dir("hardware") / f"{name}.toml").read_text())
     sections = [data["compute"], data["memory"], *data["interconnect"]]
     for section in sections:
         assert section["sources"]

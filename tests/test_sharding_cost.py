@@ -10,14 +10,14 @@ import pytest
 from conftest import analysis_of
 from toast import analyze
 from toast.cli import main
-from toast.communication import CommunicationModel
-from toast.cost import CostModel
+from toast.cost.collectives import CommunicationModel
+from toast.cost.model import CostModel
 from toast.errors import ToastError
 from toast.examples.gpt import gpt_train_step
-from toast.hardware import load_hardware
-from toast.mesh import parse_mesh
-from toast.sharding import Action, InvalidState, ShardingModel
-from toast.strategies import STRATEGIES, manual_strategy, roles_for
+from toast.cost.hardware import load_hardware
+from toast.sharding.mesh import parse_mesh
+from toast.sharding.state import Action, InvalidState, ShardingModel
+from toast.sharding.strategies import STRATEGIES, manual_strategy, roles_for
 
 MLP = "toast.examples.mlp:mlp"
 ATTENTION = "toast.examples.attention:attention"

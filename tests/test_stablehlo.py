@@ -10,7 +10,7 @@ import pytest
 
 from toast.errors import InputError
 from toast.examples.mlp import mlp
-from toast.stablehlo import lower_callable, read_callable, read_file, read_text
+from toast.frontend.stablehlo import lower_callable, read_callable, read_file, read_text
 
 
 def test_mlp_names_locations_and_inlined_relu():

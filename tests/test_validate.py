@@ -1,5 +1,5 @@
-"""Sharded StableHLO (``toast.emit``), the check against XLA (``toast.validate``), ``toast
-validate`` and the JAX helper (``toast.jax_sharding``).
+"""Sharded StableHLO (``toast.output.sharded_stablehlo``), the check against XLA (``toast.xla.validate``), ``toast
+validate`` and the JAX helper (``toast.output.sharded_jit``).
 
 XLA-backed tests compile the emitted module in a worker of host CPU devices; expected
 collectives are written out by hand from the shapes (bytes per device), not computed by the
@@ -18,15 +18,15 @@ import pytest
 
 from conftest import analysis_of
 from toast.cli import main
-from toast.communication import Collective
-from toast.emit import sharded_module_text
+from toast.cost.collectives import Collective
+from toast.output.sharded_stablehlo import sharded_module_text
 from toast.errors import ToastError
-from toast.hardware import load_hardware
-from toast.mesh import parse_mesh
-from toast.sharding import Action, ShardingModel
-from toast.strategies import STRATEGIES, manual_strategy, roles_for
-from toast.validate import compare, validate, xla_footprint
-from toast.xla_check import Numerics, XlaCollective, XlaReport, check_sharded_module
+from toast.cost.hardware import load_hardware
+from toast.sharding.mesh import parse_mesh
+from toast.sharding.state import Action, ShardingModel
+from toast.sharding.strategies import STRATEGIES, manual_strategy, roles_for
+from toast.xla.validate import compare, validate, xla_footprint
+from toast.xla.worker import Numerics, XlaCollective, XlaReport, check_sharded_module
 
 MLP = "toast.examples.mlp:mlp"
 ATTENTION = "toast.examples.attention:attention"
@@ -217,7 +217,7 @@ _HELPER_SCRIPT = """
 import json, sys
 import jax, numpy as np
 from toast.examples.mlp import mlp
-from toast.jax_sharding import sharded_jit
+from toast.output.sharded_jit import sharded_jit
 fn, specs = mlp()
 sharded = sharded_jit(sys.argv[1], fn, specs)
 rng = np.random.default_rng(0)
@@ -244,7 +244,7 @@ def test_sharded_jit_runs_the_strategy_with_jax(tmp_path):
 
 def test_sharded_jit_refuses_another_program(mlp_strategy):
     from toast.examples.transpose_matmul import transpose_matmul
-    from toast.jax_sharding import sharded_jit
+    from toast.output.sharded_jit import sharded_jit
 
     fn, args = transpose_matmul()
     with pytest.raises(ToastError, match="strategy file for another program"):

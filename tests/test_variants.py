@@ -8,16 +8,20 @@ import pytest
 from toast import analyze
 from toast.datalog import parse_text
 from toast.errors import RuleError, ToastError
-from toast.schema import CONFLICTS, INPUTS, NDA, OUTPUTS, STAGES, schema_dl
-from toast.variants import RULES_DIR, SCHEMA_FILE, assemble, load_variant
+from toast.facts.schema import CONFLICTS, INPUTS, NDA, OUTPUTS, STAGES, schema_dl
+from toast.datalog.variants import assemble, load_variant
+from toast.resources import resource_dir
+
+RULES_DIR = resource_dir("rules")
+SCHEMA_FILE = RULES_DIR / "schema.dl"
 
 MLP = "toast.examples.mlp:mlp"
 
 
 def test_schema_dl_is_generated_from_toast_schema():
-    assert SCHEMA_FILE.read_text() == schema_dl(), "run: python -m toast.schema > rules/schema.dl"
+    assert SCHEMA_FILE.read_text() == schema_dl(), "run: python -m toast.facts > rules/schema.dl"
     assert (RULES_DIR / CONFLICTS.schema_file).read_text() == schema_dl(CONFLICTS), (
-        "run: python -m toast.schema conflicts > rules/conflicts/schema.dl")
+        "run: python -m toast.facts conflicts > rules/conflicts/schema.dl")
 
 
 @pytest.mark.parametrize("stage", list(STAGES.values()), ids=list(STAGES))

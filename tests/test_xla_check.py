@@ -1,4 +1,4 @@
-"""The XLA check (``toast.xla_check``): XLA's SPMD partitioner on host CPU devices.
+"""The XLA check (``toast.xla.worker``): XLA's SPMD partitioner on host CPU devices.
 
 Worker-backed tests lower the two-layer MLP of ``toast.examples.mlp`` with JAX's own sharding
 annotations (one worker call per lowering, cached per module) and check the text in a second
@@ -15,7 +15,7 @@ import pytest
 
 from toast.errors import ToastError
 from toast.examples.mlp import mlp
-from toast.xla_check import (
+from toast.xla.worker import (
     HloShape,
     _compare,
     _group_axes,
@@ -127,8 +127,8 @@ def test_parse_groups_mesh_axes_form():
 
 
 def test_strip_shardings_leaves_a_one_device_module():
-    from jax._src.interpreters import mlir as jax_mlir
-    from jax._src.lib.mlir import ir
+    from jax.interpreters import mlir as jax_mlir
+    from jaxlib.mlir import ir
 
     text = _lowered("tests.test_xla_check:mlp_constrained", MEGATRON)
     context = jax_mlir.make_ir_context()
@@ -159,7 +159,7 @@ def test_parse_instruction_tuple_shape_and_attributes():
 
 
 def test_compare_flags_a_wrong_shard():
-    from jax._src.lib import xla_client
+    from jaxlib import xla_client
 
     device = jax.devices("cpu")[0]
     reference = np.arange(12, dtype=np.float32).reshape(3, 4)

@@ -1,9 +1,10 @@
 """toast: automatic SPMD sharding by named-dimension analysis on a Datalog rule base.
 
-Data path: StableHLO (``toast.stablehlo``) -> facts (``toast.facts``) -> Datalog rules
-(``rules/``, run by ``toast.engine`` on Soufflé or ``toast.datalog``) -> classes
-(``toast.classes``) -> conflicts stage (``rules/conflicts/``, ``toast.conflicts``,
-``toast.layers``) -> ``Analysis``.
+The data path, one subpackage per stage (``ARCHITECTURE.md``)::
+
+    frontend -> facts -> datalog -> analysis -> sharding -> cost -> search -> output -> xla -> cli
+
+This module is the public API of every stage:
 
     >>> import toast
     >>> from toast.examples.mlp import mlp
@@ -13,46 +14,102 @@ Data path: StableHLO (``toast.stablehlo``) -> facts (``toast.facts``) -> Datalog
     4
 """
 
-from toast.analysis import Analysis, Color, DimRef, Identity, UnruledOp, analyze
-from toast.conflicts import (
+from toast.analysis import (
+    Analysis,
     Box,
+    Color,
     ColorConflict,
     CompatibilitySet,
     Conflict,
     Conflicts,
     ConflictSite,
+    DimRef,
+    Explanation,
+    Identity,
     ResolutionGroup,
+    Step,
+    UnruledOp,
+    analyze,
+    describe_name,
+    explain,
+    format_explanation,
 )
+from toast.cost import Collective, Cost, CostModel, Hardware, InterconnectLevel, known_hardware, load_hardware
 from toast.errors import EngineError, InputError, RuleError, ToastError
-from toast.explain import Explanation, Step, explain, format_explanation
-from toast.graph import dimension_graph_dot
-from toast.jax_sharding import sharded_jit
-from toast.report import summary, to_json
+from toast.frontend import Program, load_program, read_callable, read_file, read_text
+from toast.output import (
+    dimension_graph_dot,
+    read_strategy,
+    sharded_jit,
+    sharded_module_text,
+    strategy_json,
+    strategy_state,
+    summary,
+    to_json,
+)
+from toast.sharding import (
+    STRATEGIES,
+    Action,
+    InvalidState,
+    Mesh,
+    ShardingModel,
+    ShardingState,
+    manual_strategy,
+    parse_mesh,
+)
+from toast.xla import Agreement, validate
 
 __all__ = [
+    "STRATEGIES",
+    "Action",
+    "Agreement",
     "Analysis",
     "Box",
+    "Collective",
     "Color",
     "ColorConflict",
     "CompatibilitySet",
     "Conflict",
     "ConflictSite",
     "Conflicts",
+    "Cost",
+    "CostModel",
     "DimRef",
     "EngineError",
     "Explanation",
+    "Hardware",
     "Identity",
     "InputError",
+    "InterconnectLevel",
+    "InvalidState",
+    "Mesh",
+    "Program",
     "ResolutionGroup",
     "RuleError",
+    "ShardingModel",
+    "ShardingState",
     "Step",
     "ToastError",
     "UnruledOp",
     "analyze",
+    "describe_name",
     "dimension_graph_dot",
     "explain",
     "format_explanation",
+    "known_hardware",
+    "load_hardware",
+    "load_program",
+    "manual_strategy",
+    "parse_mesh",
+    "read_callable",
+    "read_file",
+    "read_strategy",
+    "read_text",
     "sharded_jit",
+    "sharded_module_text",
+    "strategy_json",
+    "strategy_state",
     "summary",
     "to_json",
+    "validate",
 ]

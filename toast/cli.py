@@ -83,21 +83,22 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(options: argparse.Namespace) -> int:
-    from toast.analysis import analyze
-    from toast.explain import explain, format_explanation
-    from toast.report import summary, to_json, write_json_atomic, write_text_atomic
+    from toast.analysis.named_dimensions import analyze
+    from toast.analysis.explain import explain, format_explanation
+    from toast.output.files import write_json_atomic, write_text_atomic
+    from toast.output.report import summary, to_json
 
     if options.command == "explain":
         first, second = _parse_dim(options.dim_a), _parse_dim(options.dim_b)
     if options.command == "shard":
-        from toast.hardware import load_hardware
-        from toast.mesh import parse_mesh
+        from toast.cost.hardware import load_hardware
+        from toast.sharding.mesh import parse_mesh
 
         mesh = parse_mesh(options.mesh)  # bad input fails before the analysis
         hardware = load_hardware(options.hardware)
     if options.command == "validate":
-        from toast.hardware import load_hardware
-        from toast.strategy import read_strategy, strategy_mesh
+        from toast.cost.hardware import load_hardware
+        from toast.output.strategy_file import read_strategy, strategy_mesh
 
         document = read_strategy(options.strategy)  # bad input fails before the analysis
         mesh = strategy_mesh(document, path=options.strategy)
@@ -109,7 +110,7 @@ def _run(options: argparse.Namespace) -> int:
         color = _parse_color(options.color)
         graph_format = options.format or ("svg" if (options.output or "").endswith(".svg") else "dot")
         if graph_format == "svg":
-            from toast.graph import require_graphviz
+            from toast.output.dimension_graph import require_graphviz
 
             require_graphviz()  # before the analysis: fail fast
     analysis = analyze(options.input, engine=options.engine, rules=options.rules, variant=options.variant,
@@ -124,7 +125,7 @@ def _run(options: argparse.Namespace) -> int:
     if options.command == "validate":
         return _validate(options, analysis, document, mesh, hardware)
     if options.command == "graph":
-        from toast.graph import dimension_graph_dot, render_svg
+        from toast.output.dimension_graph import dimension_graph_dot, render_svg
 
         text = dimension_graph_dot(analysis, color)
         if graph_format == "svg":
@@ -139,11 +140,11 @@ def _run(options: argparse.Namespace) -> int:
 
 
 def _shard(options: argparse.Namespace, analysis, mesh, hardware) -> int:
-    from toast.cost import CostModel
-    from toast.report import write_json_atomic, write_text_atomic
-    from toast.sharding import ShardingModel
-    from toast.strategies import manual_strategy, roles_for
-    from toast.strategy import strategy_json
+    from toast.cost.model import CostModel
+    from toast.output.files import write_json_atomic, write_text_atomic
+    from toast.sharding.state import ShardingModel
+    from toast.sharding.strategies import manual_strategy, roles_for
+    from toast.output.strategy_file import strategy_json
 
     model = ShardingModel(analysis, mesh)
     state, actions = manual_strategy(model, options.strategy, roles_for(options.input))
@@ -152,7 +153,7 @@ def _shard(options: argparse.Namespace, analysis, mesh, hardware) -> int:
                              name=options.strategy)
     emitted = None
     if options.emit:
-        from toast.emit import sharded_module_text
+        from toast.output.sharded_stablehlo import sharded_module_text
 
         emitted = sharded_module_text(model, state)  # before any file is written
     if options.output:
@@ -172,10 +173,10 @@ def _shard(options: argparse.Namespace, analysis, mesh, hardware) -> int:
 
 
 def _validate(options: argparse.Namespace, analysis, document, mesh, hardware) -> int:
-    from toast.report import write_json_atomic
-    from toast.sharding import ShardingModel
-    from toast.strategy import strategy_state
-    from toast.validate import agreement_json, format_agreement, validate
+    from toast.output.files import write_json_atomic
+    from toast.sharding.state import ShardingModel
+    from toast.output.strategy_file import strategy_state
+    from toast.xla.validate import agreement_json, format_agreement, validate
 
     model = ShardingModel(analysis, mesh)
     state = strategy_state(model, document, path=options.strategy)

@@ -1,6 +1,6 @@
 """Tiny per-rule fixtures for the conflicts stage (rules/conflicts/), on hand-written facts.
 
-The inputs are def_class/use_class rows as toast.conflicts writes them; the expected rows are
+The inputs are def_class/use_class rows as toast.analysis.conflicts writes them; the expected rows are
 written by hand from the rules' intent (sections 3.3-3.5 of the paper).
 """
 
@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 
 from conftest import engines
-from toast.engine import evaluate
-from toast.schema import CONFLICTS
-from toast.variants import assemble, load_variant
+from toast.datalog.engine import evaluate
+from toast.facts.schema import CONFLICTS
+from toast.datalog.variants import assemble, load_variant
 
 
 def _run(facts, engine, variant="default"):

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import engines
 from toast import analyze
-from toast.stablehlo import read_text
+from toast.frontend.stablehlo import read_text
 
 
 def _colors(text: str, engine: str) -> set[frozenset[str]]:

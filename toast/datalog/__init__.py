@@ -1,10 +1,12 @@
-"""Soufflé-syntax Datalog: preprocessing, parsing, and an embedded engine on pyDatalog.
+"""Stage 3, datalog: rule programs assembled from variants, run on Soufflé or the embedded engine.
 
-``parse_file``/``parse_text`` turn ``.dl`` rule files into a checked :class:`Program`;
-``run_embedded`` evaluates one on input facts without the ``souffle`` binary.
+``variants`` assembles a stage's program from a variant and user rules; ``engine.evaluate``
+runs it on Soufflé (``souffle``, a subprocess) or on the embedded engine (``embedded``, on
+pyDatalog), whose ``preprocess``/``parser`` read the Soufflé subset the rules use.
 """
 
 from toast.datalog.embedded import run_embedded, run_embedded_file
+from toast.datalog.engine import EngineName, evaluate, pick_engine
 from toast.datalog.parser import (
     Atom,
     Attribute,
@@ -24,8 +26,17 @@ from toast.datalog.parser import (
     parse_text,
 )
 from toast.datalog.preprocess import PreprocessedSource, SourceLocation, preprocess_file, preprocess_text
+from toast.datalog.variants import AssembledProgram, Variant, assemble, known_variants, load_variant
 
 __all__ = [
+    "AssembledProgram",
+    "EngineName",
+    "Variant",
+    "assemble",
+    "evaluate",
+    "known_variants",
+    "load_variant",
+    "pick_engine",
     "Atom",
     "Attribute",
     "BinaryOp",

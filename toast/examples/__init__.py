@@ -17,7 +17,6 @@ tuple of ``jax.ShapeDtypeStruct`` pytrees (no memory is allocated).  Lower one w
 from __future__ import annotations
 
 import collections
-import importlib
 from typing import Any, Callable
 
 __all__ = ["EXAMPLES", "DESCRIPTIONS", "resolve", "load", "op_counts"]
@@ -58,10 +57,13 @@ def resolve(spec: str) -> Factory:
     if not sep or not module_name or not attr:
         known = ", ".join(sorted(EXAMPLES))
         raise ValueError(f"unknown example {spec!r}: expected one of {known} or 'module:function'")
-    factory = getattr(importlib.import_module(module_name), attr, None)
-    if not callable(factory):
-        raise ValueError(f"{spec!r}: module {module_name!r} has no function {attr!r}")
-    return factory
+    from toast.errors import InputError
+    from toast.frontend.loading import resolve_factory
+
+    try:
+        return resolve_factory(spec)
+    except InputError as err:
+        raise ValueError(str(err)) from None
 
 
 def load(spec: str, **settings: Any):
@@ -77,8 +79,8 @@ def op_counts(text: str) -> collections.Counter[str]:
     adds counts one ``reduce`` and one ``add``; ``func.call`` and ``func.return`` are not
     ``stablehlo`` ops and are not counted either.
     """
-    from jax._src.interpreters import mlir as jax_mlir
-    from jax._src.lib.mlir import ir
+    from jax.interpreters import mlir as jax_mlir
+    from jaxlib.mlir import ir
 
     counts: collections.Counter[str] = collections.Counter()
 

@@ -1,0 +1,183 @@
+"""Sharding conflicts, compatibility sets and resolution groups (TOAST sections 3.3-3.6).
+
+Data path: classes of the first stage (``color_of``, ``node_of``) -> ``conflict_facts`` ->
+the conflicts stage's rules (``rules/conflicts/``: conflicts, box candidates, invariants) ->
+``build_conflicts``: a crossing-path check of each box, the closure of compatible boxes into
+compatibility sets, and the grouping of isomorphic sets (``toast.analysis.layers``).
+
+Both steps that Datalog would state quadratically run here in linear time: reachability for
+the crossing check is one pass of bitsets over the strongly connected components of the
+dimension graph (only the colors that have boxes), and the reflexive, symmetric, transitive
+closure is a union-find that also tracks orientation (which endpoint of one conflict goes
+with which endpoint of the other).
+
+Resolutions. A compatibility set has two resolutions. Resolution 0 shards, for the set's first
+conflict (program order), the endpoint holding that conflict's smaller dim where it first
+sits; every other conflict of the set follows through the boxes (the endpoints joined by M
+are sharded together). Resolution 1 shards the other endpoints. Sets grouped by the layer
+heuristic are oriented alike, so one bit picks the same resolution in all of them.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Sequence
+
+import numpy as np
+
+from toast.facts.numbering import DimensionNames
+from toast.analysis.conflict_types import (
+    Box,
+    ColorConflict,
+    CompatibilitySet,
+    Conflict,
+    Conflicts,
+    ConflictSite,
+    ResolutionGroup,
+)
+from toast.analysis.dimension_graph import NodeGraph
+from toast.analysis.layers import group_isomorphic
+from toast.frontend.ir import Program
+
+Facts = dict[str, list[tuple]]
+
+
+def conflict_facts(program: Program, names: DimensionNames, color_of: np.ndarray, node_of: np.ndarray) -> Facts:
+    """Input facts of the conflicts stage: ``def_class`` and ``use_class`` rows for the dims
+    whose color occurs more than once in their tensor (linear in the number of names)."""
+    facts: Facts = {"def_class": [], "use_class": []}
+    for value in program.values:
+        rank = len(value.shape)
+        if rank < 2:
+            continue
+        base = names.def_base[value.id]
+        for dim in _repeated(color_of, base, rank):
+            facts["def_class"].append((value.id, dim, int(node_of[base + dim]), int(color_of[base + dim])))
+    for use_id, site in enumerate(names.use_sites):
+        value_id, base = site.value, site.first_name
+        rank = len(program.values[value_id].shape)
+        if rank < 2:
+            continue
+        for dim in _repeated(color_of, base, rank):
+            facts["use_class"].append((use_id, value_id, dim, int(node_of[base + dim]), int(color_of[base + dim])))
+    return facts
+
+
+def _repeated(color_of: np.ndarray, base: int, rank: int) -> list[int]:
+    colors = [int(c) for c in color_of[base:base + rank]]
+    if len(set(colors)) == rank:
+        return []
+    return [dim for dim, color in enumerate(colors) if colors.count(color) > 1]
+
+
+def build_conflicts(program: Program, names: DimensionNames, color_of: np.ndarray, node_of: np.ndarray,
+                    m_edges: Sequence[tuple[int, int]], outputs: dict[str, list[tuple]],
+                    *, layer_heuristic: bool = True) -> Conflicts:
+    """Conflicts, compatibility sets and groups from the conflicts stage's ``outputs``."""
+    position = program.producer
+    use_sites = names.use_sites
+
+    def site_position(site: ConflictSite) -> int:
+        return position[site.value] if site.kind == "def" else site.op
+
+    # Conflict edges, each with every site it sits on.
+    sites_of: dict[tuple[int, int], list[ConflictSite]] = defaultdict(list)
+    for node_a, node_b, value, dim_a, dim_b in outputs["conflict_def"]:
+        sites_of[(node_a, node_b)].append(ConflictSite("def", value, -1, -1, (dim_a, dim_b)))
+    for node_a, node_b, use, dim_a, dim_b in outputs["conflict_use"]:
+        site = use_sites[use]
+        sites_of[(node_a, node_b)].append(ConflictSite("use", site.value, site.op, site.operand, (dim_a, dim_b)))
+    order = sorted(sites_of, key=lambda nodes: (min(site_position(s) for s in sites_of[nodes]), nodes))
+    conflict_id = {nodes: k for k, nodes in enumerate(order)}
+    conflicts = tuple(
+        Conflict(k, int(color_of[nodes[0]]), nodes,
+                 tuple(sorted(sites_of[nodes], key=lambda s: (site_position(s), s.kind, s.operand, s.dims))))
+        for k, nodes in enumerate(order)
+    )
+
+    color_conflicts = tuple(sorted(
+        [ColorConflict(color, ConflictSite("def", value, -1, -1, (a, b)))
+         for value, a, b, color in outputs["color_conflict_def"]]
+        + [ColorConflict(color, ConflictSite("use", use_sites[use].value, use_sites[use].op, use_sites[use].operand, (a, b)))
+           for use, a, b, color in outputs["color_conflict_use"]],
+        key=lambda c: (site_position(c.site), c.site.kind, c.site.operand, c.site.dims),
+    ))
+
+    graph = NodeGraph.of(color_of, node_of, m_edges, colors={c.color for c in conflicts})
+    boxes = sorted({
+        (conflict_id[(def_a, def_b)], conflict_id[(min(use_a, use_b), max(use_a, use_b))],
+         int(use_a > use_b), def_a, def_b, use_a, use_b)
+        for def_a, def_b, use_a, use_b, _, _ in outputs["box"]
+    })
+    crossed = graph.crossed([(def_a, def_b, use_a, use_b) for *_, def_a, def_b, use_a, use_b in boxes])
+
+    # Closure with orientation: parity[c] says whether c's endpoint 0 goes with its root's 0.
+    parent = list(range(len(conflicts)))
+    parity = [0] * len(conflicts)
+
+    def find(c: int) -> tuple[int, int]:
+        path = []
+        while parent[c] != c:
+            path.append(c)
+            c = parent[c]
+        root, acc = c, 0
+        for node in reversed(path):  # compress, accumulating parity from the root down
+            acc ^= parity[node]
+            parity[node], parent[node] = acc, root
+        return root, (parity[path[0]] if path else 0)
+
+    contradicting = 0
+    for (first, second, flipped, *_), is_crossed in zip(boxes, crossed):
+        if is_crossed or first == second:
+            continue
+        root_a, parity_a = find(first)
+        root_b, parity_b = find(second)
+        if root_a == root_b:
+            contradicting += (parity_a ^ parity_b) != flipped
+            continue
+        low, high = sorted((root_a, root_b))
+        parent[high] = low
+        parity[high] = parity_a ^ parity_b ^ flipped
+
+    members: dict[int, list[int]] = defaultdict(list)
+    orientation = [0] * len(conflicts)
+    for c in range(len(conflicts)):
+        root, orientation[c] = find(c)
+        members[root].append(c)
+    sets = []
+    set_of = [0] * len(conflicts)
+    for set_id, root in enumerate(sorted(members)):
+        ids = members[root]
+        first = conflicts[ids[0]].sites[0]
+        # Resolution 0 shards the first conflict's endpoint holding its smaller dim there.
+        pick_first = 0 if first.dims[0] < first.dims[1] else 1
+        sharded_by_0 = tuple(pick_first ^ orientation[c] ^ orientation[ids[0]] for c in ids)
+        sets.append(CompatibilitySet(set_id, tuple(ids), sharded_by_0))
+        for c in ids:
+            set_of[c] = set_id
+
+    if layer_heuristic:
+        groups_of_sets = group_isomorphic(program, conflicts, sets, graph)
+    else:
+        groups_of_sets = [[s.id] for s in sets]
+    groups = tuple(ResolutionGroup(k, tuple(ids)) for k, ids in enumerate(groups_of_sets))
+    group_of = [0] * len(sets)
+    for group in groups:
+        for set_id in group.sets:
+            group_of[set_id] = group.id
+
+    invalid = tuple(("invalid_self_conflict", *row) for row in outputs["invalid_self_conflict"])
+    stats = {
+        "color_conflicts": len(color_conflicts),
+        "conflicts": len(conflicts),
+        "boxes": len(boxes),
+        "crossed_boxes": int(sum(crossed)),
+        "contradicting_boxes": contradicting,
+        "compatibility_sets": len(sets),
+        "resolution_bits": len(groups),
+    }
+    found_boxes = tuple(sorted({Box(first, second, bool(flipped), is_crossed)
+                                for (first, second, flipped, *_), is_crossed in zip(boxes, crossed)},
+                               key=lambda b: (b.def_conflict, b.use_conflict, b.flipped)))
+    return Conflicts(color_conflicts, conflicts, tuple(sets), groups, found_boxes, tuple(set_of),
+                     tuple(group_of), invalid, stats)

@@ -1,0 +1,284 @@
+"""The named-dimension analysis end to end: program -> facts -> Datalog -> colors.
+
+``analyze`` is the entry point behind ``toast analyze`` and ``toast.analyze``. It returns an
+``Analysis``: the colors (classes of dimension names identified by I and M) with the
+definition dims in each, the ops without a rule, statistics, and what ``toast explain``
+needs to trace why two dims share a color.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from toast.frontend.loading import load_program
+from toast.analysis.classes import union_find
+from toast.analysis.conflicts import Conflicts, build_conflicts, conflict_facts
+from toast.datalog.engine import EngineName, evaluate, pick_engine
+from toast.errors import ToastError
+from toast.facts.numbering import DimensionNames
+from toast.facts.writer import program_facts
+from toast.frontend.ir import Program
+from toast.facts.schema import CONFLICTS, NDA
+from toast.datalog.variants import assemble, load_variant
+from toast.resources import project_root
+
+
+@dataclass(frozen=True, slots=True)
+class DimRef:
+    """One dimension of one value definition, named as the JSON names it.
+
+    Attributes:
+      value: argument name, result path (``result[0]``) or SSA name (``%12``).
+      dim: 0-based dimension index.
+      size: dimension size in elements.
+      loc: ``file:line`` of the Python that created the value (``""`` if unknown).
+    """
+
+    value: str
+    dim: int
+    size: int
+    loc: str
+
+
+@dataclass(frozen=True, slots=True)
+class Color:
+    """A class of dimension names that must be sharded alike.
+
+    Attributes:
+      id: index in ``Analysis.colors`` (colors are sorted by size, largest first).
+      size: number of dimension names (definitions and uses) in the class.
+      dims: the definition dims in the class, in program order.
+    """
+
+    id: int
+    size: int
+    dims: tuple[DimRef, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class UnruledOp:
+    """An op no rule covers: it contributed no identities."""
+
+    op: str
+    kind: str
+    loc: str
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """One row of I: names ``a`` and ``b`` identified for op ``op`` by the rule at file:line."""
+
+    a: int
+    b: int
+    op: int
+    file: str
+    line: int
+
+
+@dataclass(frozen=True, slots=True)
+class Analysis:
+    """Result of the named-dimension analysis.
+
+    Attributes:
+      program: the analyzed program (private functions inlined).
+      names: where every dimension name comes from.
+      colors: classes of names under I and M, largest first.
+      color_of: ``int64[names.count]``, the color id of each name.
+      node_of: ``int64[names.count]``, the dimension-graph node (class under I only) of
+        each name, labeled by its smallest name.
+      unruled_ops: ops without a rule.
+      identities: the rows of I.
+      m_edges: the rows of M, ``(definition name, use name)``.
+      major_factors: ``name -> factor size`` for names a reshape identifies by a major factor.
+      conflicts: sharding conflicts, compatibility sets and resolution groups (sections 3.3-3.6).
+      invalid: rows of the ``invalid_*`` invariants of both stages (empty when the rules are sound).
+      stats: counts and seconds per phase.
+    """
+
+    program: Program
+    names: DimensionNames
+    colors: tuple[Color, ...]
+    color_of: np.ndarray
+    node_of: np.ndarray
+    unruled_ops: tuple[UnruledOp, ...]
+    identities: tuple[Identity, ...]
+    m_edges: tuple[tuple[int, int], ...]
+    major_factors: dict[int, int]
+    conflicts: Conflicts
+    invalid: tuple[tuple, ...]
+    stats: dict[str, Any]
+
+    def dim_name(self, value: str, dim: int) -> int:
+        """The dimension name of ``value``'s definition dim ``dim`` (JSON naming)."""
+        for value_id, candidate in enumerate(self.program.values):
+            if candidate.name == value:
+                if not 0 <= dim < len(candidate.shape):
+                    raise ToastError(f"{value} has {len(candidate.shape)} dims; no dim {dim}")
+                return self.names.def_base[value_id] + dim
+        raise ToastError(f"no value named '{value}' (names as in the JSON: argument names, result[N], %N)")
+
+    def use_dim_name(self, op: int, operand: int, dim: int) -> int:
+        """The dimension name of dim ``dim`` of operand ``operand`` of op ``op`` (a use)."""
+        op_entry = self.program.ops[op] if 0 <= op < len(self.program.ops) else None
+        if op_entry is None or not 0 <= operand < len(op_entry.operands) or not (
+                0 <= dim < len(self.program.values[op_entry.operands[operand]].shape)):
+            raise ToastError(f"op {op} has no operand {operand} with a dim {dim}")
+        return self.names.use_name(op, operand, dim)
+
+    def color_of_dim(self, value: str, dim: int) -> Color:
+        """The color holding ``value``'s dim ``dim``."""
+        return self.colors[int(self.color_of[self.dim_name(value, dim)])]
+
+
+def analyze(
+    source: str | Program,
+    *,
+    fn: Callable[..., Any] | None = None,
+    args: Sequence[Any] | None = None,
+    engine: EngineName = "auto",
+    rules: str | Path | None = None,
+    variant: str = "default",
+    keep: str | Path | None = None,
+    timeout_s: float = 600.0,
+) -> Analysis:
+    """Run the named-dimension analysis.
+
+    Args:
+      source: a ``.mlir`` path, ``module:function`` naming a factory that returns
+        ``(fn, example_args)``, a label when ``fn`` is given, or an already read ``Program``.
+      fn, args: a JAX callable and example arguments (arrays or ``jax.ShapeDtypeStruct``).
+      engine: ``souffle``, ``embedded`` or ``auto`` (Soufflé when installed).
+      rules: a directory of user ``.dl`` files extending or overriding the package rules.
+      variant: analysis variant name (``rules/variants/<name>.toml``) or a TOML path.
+      keep: directory that keeps the facts, the assembled program and the engine outputs.
+      timeout_s: limit for the Datalog engine, in seconds.
+    """
+    chosen = pick_engine(engine)
+    timings: dict[str, float] = {}
+    start = time.perf_counter()
+    program = source if isinstance(source, Program) else load_program(source, args=args, fn=fn)
+    timings["read"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    facts, names = program_facts(program)
+    timings["facts"] = time.perf_counter() - start
+
+    chosen_variant = load_variant(variant)
+    user_rules = Path(rules) if rules is not None else None
+    keep_dir = Path(keep) if keep else None
+    assembled = assemble(chosen_variant, user_rules=user_rules, stage=NDA)
+    conflict_program = assemble(chosen_variant, user_rules=user_rules, stage=CONFLICTS)
+    start = time.perf_counter()
+    outputs = evaluate(assembled.text, facts, NDA.outputs, engine=chosen, keep=keep_dir, timeout_s=timeout_s)
+    timings["datalog"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    classes = _classes(names.count, outputs)
+    timings["classes"] = time.perf_counter() - start
+
+    # Second stage: conflicts, boxes (Datalog), crossing paths, closure, layers (Python).
+    start = time.perf_counter()
+    conflict_inputs = conflict_facts(program, names, classes.color_of, classes.node_of)
+    conflict_outputs = evaluate(conflict_program.text, conflict_inputs, CONFLICTS.outputs, engine=chosen,
+                                keep=keep_dir / "conflicts" if keep_dir else None, timeout_s=timeout_s)
+    conflicts = build_conflicts(program, names, classes.color_of, classes.node_of, classes.m_edges,
+                                conflict_outputs, layer_heuristic=chosen_variant.layer_heuristic)
+    timings["conflicts"] = time.perf_counter() - start
+
+    result = _build(program, names, outputs, classes, conflicts)
+    result.stats.update(
+        engine=chosen,
+        variant=assembled.variant.name,
+        seconds={k: round(v, 4) for k, v in timings.items()},
+        facts=sum(len(rows) for rows in facts.values()),
+    )
+    return result
+
+
+@functools.lru_cache(maxsize=256)
+def display_rule_file(path: str) -> str:
+    """A rule file path relative to the project root when it lies inside it."""
+    try:
+        return Path(path).resolve().relative_to(project_root()).as_posix()
+    except ValueError:
+        return path
+
+
+@dataclass(frozen=True, slots=True)
+class _Classes:
+    color_of: np.ndarray  # color id of each name (ids by size, largest first)
+    color_sizes: tuple[int, ...]  # names per color id
+    node_of: np.ndarray  # dimension-graph node of each name (its smallest I-class member)
+    m_edges: tuple[tuple[int, int], ...]
+
+
+def _classes(count: int, outputs: dict[str, list[tuple]]) -> _Classes:
+    """Colors (classes under I and M) and nodes (classes under I alone) of every name."""
+    identities = [(a, b) for a, b, *_ in outputs["ident"]]
+    m_edges = tuple((a, b) for a, b in outputs["m_edge"])
+    node_of = union_find(count, identities)
+    color_label = union_find(count, identities + list(m_edges))
+    # Colors sorted by size (largest first), ties by smallest member: deterministic ids.
+    labels, sizes = np.unique(color_label, return_counts=True)
+    order = sorted(range(len(labels)), key=lambda k: (-int(sizes[k]), int(labels[k])))
+    rank_of_label = np.empty(int(labels.max()) + 1 if len(labels) else 0, dtype=np.int64)
+    rank_of_label[labels[order]] = np.arange(len(order))
+    color_of = rank_of_label[color_label] if count else np.zeros(0, dtype=np.int64)
+    return _Classes(color_of, tuple(int(sizes[k]) for k in order), node_of, m_edges)
+
+
+def _build(program: Program, names: DimensionNames, outputs: dict[str, list[tuple]], classes: _Classes,
+           conflicts: Conflicts) -> Analysis:
+    identities = tuple(Identity(a, b, op, display_rule_file(f), line) for a, b, op, f, line in outputs["ident"])
+    count = names.count
+    color_of, node_of = classes.color_of, classes.node_of
+    members: list[list[DimRef]] = [[] for _ in classes.color_sizes]
+    for name, (value_id, dim) in enumerate(names.defs):
+        value = program.values[value_id]
+        members[int(color_of[name])].append(DimRef(value.name, dim, value.shape[dim], value.loc))
+    colors = tuple(Color(rank, size, tuple(members[rank])) for rank, size in enumerate(classes.color_sizes))
+
+    unruled = tuple(
+        UnruledOp(program.op_label(op_id), _kind_label(program, op_id, kind), program.ops[op_id].loc)
+        for op_id, kind in outputs["unruled_op"]
+    )
+    invalid = tuple(("invalid_ident_size", *row) for row in outputs["invalid_ident_size"]) + conflicts.invalid
+    stats = {
+        "ops": len(program.ops),
+        "values": len(program.values),
+        "dimension_names": count,
+        "definition_dims": len(names.defs),
+        "colors": len(colors),
+        "dimension_graph_nodes": int(len(np.unique(node_of))),
+        "identities": len(identities),
+        "m_edges": len(classes.m_edges),
+        "unruled_ops": len(unruled),
+        **conflicts.stats,
+    }
+    return Analysis(
+        program=program,
+        names=names,
+        colors=colors,
+        color_of=color_of,
+        node_of=node_of,
+        unruled_ops=unruled,
+        identities=identities,
+        m_edges=classes.m_edges,
+        major_factors={int(n): int(s) for n, s in outputs["major_factor"]},
+        conflicts=conflicts,
+        invalid=invalid,
+        stats=stats,
+    )
+
+
+def _kind_label(program: Program, op_id: int, kind: str) -> str:
+    op = program.ops[op_id]
+    if kind == "stablehlo.custom_call":
+        return f"stablehlo.custom_call @{op.attr('call_target_name', '?')}"
+    return kind

@@ -1,0 +1,69 @@
+"""Run an assembled rule program on one of the two engines.
+
+Both stages of the analysis (the named-dimension analysis, then conflicts) go through
+``evaluate``: it writes the program to a working directory, runs Soufflé (subprocess) or the
+embedded engine on the facts, checks the outputs' names and arity against ``toast.facts.schema``,
+and on request keeps the program, facts and outputs for a user to rerun by hand.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Literal, Sequence
+
+from toast.datalog.souffle import run_souffle, souffle_binary, write_relations
+from toast.errors import ToastError
+from toast.facts.schema import Relation, check_rows
+from toast.datalog.variants import PROGRAM_NAME
+
+EngineName = Literal["auto", "souffle", "embedded"]
+
+
+def pick_engine(engine: EngineName) -> Literal["souffle", "embedded"]:
+    """Resolve ``auto`` (Soufflé when on PATH) and validate the name."""
+    if engine == "auto":
+        return "souffle" if souffle_binary() else "embedded"
+    if engine not in ("souffle", "embedded"):
+        raise ToastError(f"unknown engine '{engine}' (choose auto, souffle or embedded)")
+    return engine
+
+
+def evaluate(text: str, facts: dict[str, list[tuple]], outputs: Sequence[Relation], *,
+             engine: Literal["souffle", "embedded"], keep: Path | None = None,
+             timeout_s: float = 600.0) -> dict[str, list[tuple]]:
+    """Evaluate program ``text`` on ``facts``; return the ``outputs`` relations (rows sorted).
+
+    Args:
+      text: the assembled program (``#include``s with absolute paths).
+      facts: rows per input relation.
+      outputs: the output relations to read back (from ``toast.facts.schema``).
+      engine: ``souffle`` or ``embedded`` (see ``pick_engine``).
+      keep: directory to move ``program.dl``, ``facts/`` and ``out/`` into.
+      timeout_s: limit for Soufflé, in seconds.
+    """
+    output_types = {r.name: [t for _, t in r.columns] for r in outputs}
+    workdir = Path(tempfile.mkdtemp(prefix="toast-"))
+    try:
+        program_file = workdir / PROGRAM_NAME
+        program_file.write_text(text)
+        if engine == "souffle":
+            results = run_souffle(program_file, facts, output_types, workdir=workdir, timeout_s=timeout_s)
+        else:
+            from toast.datalog import run_embedded_file
+
+            results = run_embedded_file(program_file, facts, list(output_types))
+            if keep is not None:
+                write_relations(facts, workdir / "facts", suffix=".facts")
+                write_relations(results, workdir / "out", suffix=".csv")
+        if keep is not None:
+            keep.mkdir(parents=True, exist_ok=True)
+            for item in workdir.iterdir():
+                target = keep / item.name
+                if target.is_dir():
+                    shutil.rmtree(target)
+                shutil.move(str(item), target)
+        return {name: sorted(check_rows(name, rows)) for name, rows in results.items()}
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)

@@ -1,0 +1,223 @@
+"""The one source of truth for the relations Python and the rules exchange.
+
+``INPUTS`` are the facts ``toast.facts`` writes; ``OUTPUTS`` are the relations the rules
+derive and Python reads back (reading back checks their names and arity against this list).
+Both are declared, once, in ``rules/schema.dl``, which is generated from this module
+(``python -m toast.facts > rules/schema.dl``; a test checks it is up to date). The second
+stage, conflicts, has its own inputs (the classes Python computes from the first stage's
+outputs) and outputs, declared in ``rules/conflicts/schema.dl``
+(``python -m toast.facts conflicts > rules/conflicts/schema.dl``).
+
+All ids are non-negative integers: ``Op`` (an op instance), ``Value`` (an SSA value),
+``Use`` (one operand position of one op), ``Name`` (a dimension name: one dimension of one
+definition or of one use). ``Dim`` is a 0-based dimension index, ``Size`` a dimension size
+in elements.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from toast.errors import EngineError
+
+
+@dataclass(frozen=True, slots=True)
+class Relation:
+    """A relation's name, typed columns (``name:type``) and what a row means."""
+
+    name: str
+    columns: tuple[tuple[str, str], ...]
+    doc: str
+
+    @property
+    def arity(self) -> int:
+        return len(self.columns)
+
+    def declaration(self) -> str:
+        cols = ", ".join(f"{name}: {type_}" for name, type_ in self.columns)
+        return f".decl {self.name}({cols})"
+
+
+def _rel(name: str, columns: str, doc: str) -> Relation:
+    parsed = tuple(
+        (part.split(":")[0].strip(), part.split(":")[1].strip()) for part in columns.split(",")
+    )
+    return Relation(name, parsed, doc)
+
+
+INPUTS: tuple[Relation, ...] = (
+    # --- program structure ---------------------------------------------------------------
+    _rel("op", "Op:number, Kind:symbol",
+         "Op is an op instance of kind Kind (full name, e.g. \"stablehlo.add\", \"func.call\")."),
+    _rel("operand", "Op:number, Index:number, Use:number, Value:number",
+         "Operand Index of Op is Use, a use of Value. Every operand position is its own use."),
+    _rel("result", "Op:number, Index:number, Value:number",
+         "Result Index of Op defines Value."),
+    _rel("block_arg", "Op:number, Region:number, Index:number, Value:number",
+         "Argument Index of the entry block of region Region of Op defines Value "
+         "(while/case regions; the inlined callee body of a func.call is region 0)."),
+    _rel("region_return", "Op:number, Region:number, Return:number",
+         "Return is the terminator (stablehlo.return / func.return) of region Region of Op."),
+    _rel("def_dim", "Name:number, Value:number, Dim:number, Size:number",
+         "Name is the fresh dimension name of dimension Dim (of Size elements) of Value's definition."),
+    _rel("use_dim", "Name:number, Use:number, Dim:number",
+         "Name is the fresh dimension name of dimension Dim of the use Use."),
+    # --- op attributes -------------------------------------------------------------------
+    _rel("custom_call_target", "Op:number, Target:symbol",
+         "Op is a stablehlo.custom_call of call_target_name Target."),
+    _rel("dot_batch", "Op:number, LhsDim:number, RhsDim:number, OutDim:number",
+         "dot_general Op pairs batch dims LhsDim and RhsDim; they become result dim OutDim."),
+    _rel("dot_contract", "Op:number, LhsDim:number, RhsDim:number",
+         "dot_general Op contracts lhs dim LhsDim with rhs dim RhsDim."),
+    _rel("dot_free", "Op:number, Operand:number, InDim:number, OutDim:number",
+         "Free (non-batch, non-contracting) dim InDim of operand Operand (0 lhs, 1 rhs) of "
+         "dot_general Op becomes result dim OutDim."),
+    _rel("transpose_perm", "Op:number, OutDim:number, InDim:number",
+         "transpose Op moves operand dim InDim to result dim OutDim (permutation[OutDim] = InDim)."),
+    _rel("broadcast_map", "Op:number, InDim:number, OutDim:number",
+         "broadcast_in_dim Op maps operand dim InDim to result dim OutDim (broadcast_dimensions)."),
+    _rel("reduce_keep", "Op:number, InDim:number, OutDim:number",
+         "reduce Op keeps input dim InDim as result dim OutDim (InDim is not reduced)."),
+    _rel("reshape_factor", "Op:number, InDim:number, OutDim:number, Size:number, Whole:number",
+         "reshape Op shares a major factor of Size elements between operand dim InDim and result "
+         "dim OutDim; Whole = 1 when that factor is the whole of both dims (the dim is kept)."),
+    _rel("concat_dim", "Op:number, Dim:number",
+         "concatenate Op concatenates along Dim."),
+    _rel("reverse_dim", "Op:number, Dim:number",
+         "reverse Op reverses Dim."),
+    _rel("sort_dim", "Op:number, Dim:number",
+         "sort Op sorts along Dim."),
+    _rel("pad_dim", "Op:number, Dim:number, Low:number, High:number, Interior:number",
+         "pad Op pads Dim with Low/High edge and Interior padding (elements)."),
+    _rel("window_dim", "Op:number, Dim:number, Size:number, Stride:number, Padded:number",
+         "reduce_window / select_and_scatter Op has a window of Size with Stride on Dim; "
+         "Padded = 1 when the dim has edge padding or dilation."),
+    _rel("conv_batch", "Op:number, LhsDim:number, OutDim:number",
+         "convolution Op: lhs batch dim LhsDim becomes result batch dim OutDim (batch_group_count = 1)."),
+    _rel("conv_feature", "Op:number, LhsDim:number, RhsDim:number",
+         "convolution Op contracts lhs input-feature dim LhsDim with kernel input-feature dim "
+         "RhsDim (feature_group_count = 1)."),
+    _rel("conv_out_feature", "Op:number, RhsDim:number, OutDim:number",
+         "convolution Op: kernel output-feature dim RhsDim becomes result feature dim OutDim "
+         "(batch_group_count = 1 and feature_group_count = 1)."),
+    _rel("conv_spatial", "Op:number, LhsDim:number, RhsDim:number, OutDim:number",
+         "convolution Op slides kernel spatial dim RhsDim over lhs spatial dim LhsDim, giving "
+         "result spatial dim OutDim."),
+    _rel("gather_offset", "Op:number, OperandDim:number, OutDim:number, SliceSize:number",
+         "gather Op takes slices of SliceSize along operand dim OperandDim into result offset dim OutDim."),
+    _rel("gather_batch", "Op:number, IndicesDim:number, OutDim:number",
+         "gather Op: start-indices dim IndicesDim becomes result batch dim OutDim."),
+    _rel("gather_operand_batch", "Op:number, OperandDim:number, IndicesDim:number",
+         "gather Op: explicit batching dim OperandDim of the operand pairs with indices dim IndicesDim."),
+    _rel("scatter_inputs", "Op:number, Count:number",
+         "scatter Op has Count inputs (operands 0..Count-1), then the indices (operand Count), "
+         "then Count updates."),
+    _rel("scatter_window", "Op:number, InputDim:number, UpdateDim:number",
+         "scatter Op writes update window dim UpdateDim along input dim InputDim."),
+    _rel("scatter_index", "Op:number, IndicesDim:number, UpdateDim:number",
+         "scatter Op: scatter-indices dim IndicesDim pairs with update scatter dim UpdateDim."),
+    _rel("scatter_input_batch", "Op:number, InputDim:number, IndicesDim:number",
+         "scatter Op: explicit batching dim InputDim of the inputs pairs with indices dim IndicesDim."),
+)
+
+OUTPUTS: tuple[Relation, ...] = (
+    _rel("ident", "A:number, B:number, Op:number, File:symbol, Line:number",
+         "Identity I: dimension names A and B must be sharded alike, by the rule at File:Line for Op."),
+    _rel("m_edge", "Def:number, Use:number",
+         "Map M: dimension name Def of a definition flows to dimension name Use of one of its uses."),
+    _rel("major_factor", "Name:number, Size:number",
+         "Name is identified through a reshape only by its major factor of Size elements: an axis "
+         "sharding it must divide Size."),
+    _rel("unruled_op", "Op:number, Kind:symbol",
+         "Op, of kind Kind, has no rule (a custom_call is ruled per call target): it contributes no "
+         "identities, which is safe, and is reported."),
+    _rel("invalid_ident_size", "A:number, B:number, File:symbol, Line:number",
+         "Invariant (must be empty): the rule at File:Line identified names of different sizes "
+         "without recording a reshape factor."),
+)
+
+CONFLICT_INPUTS: tuple[Relation, ...] = (
+    _rel("def_class", "Value:number, Dim:number, Node:number, Color:number",
+         "Dim of Value's definition lies in dimension-graph node Node (its class under I, labeled "
+         "by its smallest name) and in color Color (its class under I and M). Listed only for dims "
+         "whose color occurs more than once in Value: no other dim can be in a conflict."),
+    _rel("use_class", "Use:number, Value:number, Dim:number, Node:number, Color:number",
+         "Dim of Use, a use of Value, lies in node Node and color Color; listed only for dims whose "
+         "color occurs more than once in Use."),
+)
+
+CONFLICT_OUTPUTS: tuple[Relation, ...] = (
+    _rel("color_conflict_def", "Value:number, DimA:number, DimB:number, Color:number",
+         "Section 3.3: Color occurs at dims DimA < DimB of Value's definition (after identifying "
+         "names with I and M)."),
+    _rel("color_conflict_use", "Use:number, DimA:number, DimB:number, Color:number",
+         "Section 3.3: Color occurs at dims DimA < DimB of the use Use."),
+    _rel("conflict_def", "NodeA:number, NodeB:number, Value:number, DimA:number, DimB:number",
+         "Section 3.4: nodes NodeA < NodeB of one color annotate dims DimA and DimB of Value's "
+         "definition: a conflict edge of the dimension graph (shard NodeA or NodeB, not both)."),
+    _rel("conflict_use", "NodeA:number, NodeB:number, Use:number, DimA:number, DimB:number",
+         "Section 3.4: nodes NodeA < NodeB of one color annotate dims DimA and DimB of Use."),
+    _rel("box", "DefA:number, DefB:number, UseA:number, UseB:number, Value:number, Use:number",
+         "Section 3.5: the conflict (DefA, DefB) on Value's definition and the conflict on Use, a use "
+         "of Value, form a box: M joins DefA to UseA and DefB to UseB, so sharding DefA and UseA "
+         "together needs no resharding. DefA < DefB. Python drops boxes a path crosses."),
+    _rel("invalid_self_conflict", "Site:symbol, Id:number, DimA:number, DimB:number",
+         "Invariant (must be empty): dims DimA < DimB of one definition (Site \"def\", Id a value) "
+         "or use (Site \"use\", Id a use) lie in the same node: I identified two dims of one "
+         "tensor, which no sharding can satisfy."),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """One Datalog program of the analysis: its inputs, its outputs, and its declarations file
+    (relative to ``rules/``)."""
+
+    name: str
+    inputs: tuple[Relation, ...]
+    outputs: tuple[Relation, ...]
+    schema_file: str
+    title: str
+
+
+NDA = Stage("nda", INPUTS, OUTPUTS, "schema.dl",
+            "the named-dimension analysis (section 3.1): facts from toast.facts; I, M and reports")
+CONFLICTS = Stage("conflicts", CONFLICT_INPUTS, CONFLICT_OUTPUTS, "conflicts/schema.dl",
+                  "sharding conflicts and boxes (sections 3.3-3.5): classes from toast.analysis.classes")
+STAGES: dict[str, Stage] = {stage.name: stage for stage in (NDA, CONFLICTS)}
+
+RELATIONS: dict[str, Relation] = {r.name: r for stage in STAGES.values() for r in stage.inputs + stage.outputs}
+
+
+def schema_dl(stage: Stage = NDA) -> str:
+    """The text of the stage's declarations file: a documented ``.decl`` per relation."""
+    lines = [
+        f"// The relations Python and the rules exchange in {stage.title}:",
+        "// inputs (facts Python writes) and outputs (what the rules derive and Python reads back).",
+        f"// GENERATED from toast/facts/schema.py by `python -m toast.facts {stage.name} > rules/{stage.schema_file}`;"
+        " do not edit.",
+        "// Ids are numbers: Op (op instance), Value (SSA value), Use (one operand position),",
+        "// Name (a dimension name of one definition or one use); Dim is a 0-based dim index.",
+    ]
+    for title, relations, io in (("Inputs", stage.inputs, ".input"), ("Outputs", stage.outputs, ".output")):
+        lines += ["", f"//---- {title} " + "-" * (86 - len(title)), ""]
+        for relation in relations:
+            lines.append(f"/** {relation.doc} */")
+            lines.append(relation.declaration())
+            lines.append(f"{io} {relation.name}")
+            lines.append("")
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def check_rows(name: str, rows: list[tuple]) -> list[tuple]:
+    """Return ``rows`` after checking ``name`` is a known relation and every row's arity."""
+    relation = RELATIONS.get(name)
+    if relation is None:
+        raise EngineError(f"engine returned unknown relation '{name}'")
+    for row in rows:
+        if len(row) != relation.arity:
+            raise EngineError(
+                f"relation '{name}' has rows of {len(row)} columns, expected {relation.arity} "
+                f"({', '.join(c for c, _ in relation.columns)})"
+            )
+    return rows

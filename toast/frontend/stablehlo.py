@@ -1,0 +1,391 @@
+"""StableHLO in, ``toast.frontend.ir.Program`` out.
+
+Two inputs:
+  * a JAX callable with example arguments (arrays or ``jax.ShapeDtypeStruct``), lowered with
+    ``jax.jit(fn).lower(*args)`` and printed with debug locations;
+  * a StableHLO ``.mlir`` text file such as ``lowered.as_text(debug_info=True)`` writes.
+
+The module is read with the MLIR Python bindings that ship in jaxlib. Private functions
+reached by ``func.call`` are inlined at each call site (the analysis is context-sensitive:
+two calls of one ``relu`` must not share dimension names); ``stablehlo.while``/``case``
+regions are kept as nested ops whose block arguments and terminators the rules connect.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from toast.errors import InputError
+from toast.frontend.ir import Op, Program, Value
+
+_MAX_INLINE_DEPTH = 64
+
+
+def lower_callable(fn: Callable[..., Any], args: Sequence[Any]) -> str:
+    """Lower ``fn(*args)`` with ``jax.jit`` and return StableHLO text with debug locations."""
+    import jax
+
+    lowered = jax.jit(fn).lower(*args)
+    return lowered.as_text(debug_info=True)
+
+
+def read_callable(fn: Callable[..., Any], args: Sequence[Any], *, name: str = "") -> Program:
+    """Lower a JAX callable and read the result (see ``lower_callable``)."""
+    return read_text(lower_callable(fn, args), source=name or getattr(fn, "__name__", "fn"))
+
+
+def read_file(path: str | os.PathLike[str]) -> Program:
+    """Read a StableHLO ``.mlir`` text file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise InputError(f"{path}: cannot read: {err.strerror}") from None
+    return read_text(text, source=str(path))
+
+
+def read_text(text: str, *, source: str = "<string>") -> Program:
+    """Parse StableHLO text and build the inlined ``Program``.
+
+    Raises:
+      InputError: malformed text (``source:line:col: message``), no entry function, or a
+        value of dynamic shape.
+    """
+    from jax.interpreters import mlir as jax_mlir
+    from jaxlib.mlir import ir
+
+    context = jax_mlir.make_ir_context()
+    try:
+        module = ir.Module.parse(text, context=context)
+    except ir.MLIRError as err:
+        with context:
+            message = _parse_error_line(source, err)
+        raise InputError(message) from None
+    with context:
+        return dataclasses.replace(_Reader(module, source).program(), text=text)
+
+
+def entry_function(functions: dict[str, Any], source: str) -> Any:
+    """``@main`` among a module's ``func.func`` ops by name, else its one public function."""
+    if "main" in functions:
+        return functions["main"]
+    public = [f for f in functions.values()
+              if "sym_visibility" not in f.attributes or f.attributes["sym_visibility"].value == "public"]
+    if len(public) != 1:
+        raise InputError(f"{source}: no entry function: expected func.func @main or one public function")
+    return public[0]
+
+
+def read_module(module: Any, *, source: str) -> tuple[Program, list[tuple[Any, bool]]]:
+    """Read a parsed module (inside its context) and trace where each op came from.
+
+    Returns:
+      The program and, per op id, ``(MLIR operation, inside_call)``: the operation the op
+      was read from and whether it sits in an inlined callee (one MLIR operation then stands
+      for several ops, one per call).
+    """
+    reader = _Reader(module, source)
+    reader.trace = []
+    return reader.program(), reader.trace
+
+
+def _parse_error_line(source: str, err: Any) -> str:
+    """One line ``source:line:col: message`` from an MLIR parse error."""
+    from jaxlib.mlir import ir
+
+    for diagnostic in err.error_diagnostics:
+        try:
+            location = ir.FileLineColLoc(diagnostic.location)
+        except (TypeError, ValueError):
+            return f"{source}: {diagnostic.message}"
+        return f"{source}:{location.start_line}:{location.start_col}: {diagnostic.message}"
+    return f"{source}: cannot parse StableHLO: {str(err).splitlines()[-1]}"
+
+
+def python_location(location: Any) -> str:
+    """``file:line`` of the innermost user frame in an MLIR location, ``""`` if none.
+
+    JAX writes ``NameLoc("jit(f)/dot_general", CallSiteLoc(callee, caller))`` chains whose
+    innermost callee is the user's own line.
+    """
+    from jaxlib.mlir import ir
+
+    pending = [location]
+    while pending:
+        loc = pending.pop()
+        if isinstance(loc, ir.FileLineColLoc):
+            return f"{loc.filename}:{loc.start_line}"
+        if isinstance(loc, ir.NameLoc):
+            pending.append(loc.child_loc)
+        elif isinstance(loc, ir.CallSiteLoc):
+            pending.append(loc.callee)
+        elif isinstance(loc, ir.FusedLoc):
+            pending.extend(reversed(list(loc.locations)))
+    return ""
+
+
+def _name_of_location(location: Any) -> str:
+    """The name of a bare ``loc("x")`` (JAX's argument names), ``""`` otherwise."""
+    from jaxlib.mlir import ir
+
+    if isinstance(location, ir.NameLoc) and isinstance(location.child_loc, ir.UnknownLoc):
+        return location.name_str
+    return ""
+
+
+def _shape_and_dtype(mlir_type: Any, *, what: str, where: str) -> tuple[tuple[int, ...], str]:
+    """Static shape and element type; non-tensor types (tokens, tuples) are rank 0."""
+    from jaxlib.mlir import ir
+
+    if not isinstance(mlir_type, ir.RankedTensorType):
+        if isinstance(mlir_type, ir.ShapedType):  # unranked tensor
+            raise InputError(f"{where}: {what} has unranked type {mlir_type}; toast needs static shapes")
+        return (), ""
+    if not mlir_type.has_static_shape:
+        raise InputError(
+            f"{where}: {what} has dynamic shape {mlir_type}; toast needs static shapes "
+            "(lower with concrete sizes, e.g. jax.ShapeDtypeStruct)"
+        )
+    return tuple(mlir_type.shape), str(mlir_type.element_type)
+
+
+def decode_attribute(attr: Any) -> Any:
+    """An MLIR attribute as plain Python (ints, strings, tuples, dicts); ``None`` if opaque."""
+    from jaxlib.mlir import ir
+    from jaxlib.mlir.dialects import stablehlo
+
+    for cls in (ir.DenseI64ArrayAttr, ir.DenseBoolArrayAttr, ir.DenseI32ArrayAttr):
+        if isinstance(attr, cls):
+            return tuple(int(x) for x in attr)
+    if isinstance(attr, ir.BoolAttr):
+        return int(attr.value)
+    if isinstance(attr, ir.IntegerAttr):
+        return int(attr.value)
+    if isinstance(attr, ir.StringAttr):
+        return attr.value
+    if isinstance(attr, ir.FlatSymbolRefAttr):
+        return attr.value
+    if isinstance(attr, ir.DenseIntElementsAttr) and not isinstance(attr, ir.DenseResourceElementsAttr):
+        if len(attr.type.shape) <= 1:
+            return tuple(int(x) for x in attr)
+        return None
+    numbers = _DIMENSION_NUMBERS.get(type(attr).__name__)
+    if numbers is None:
+        for cls_name in _DIMENSION_NUMBERS:
+            cls = getattr(stablehlo, cls_name)
+            if cls.isinstance(attr):
+                attr = cls(attr)
+                numbers = _DIMENSION_NUMBERS[cls_name]
+                break
+    if numbers is not None:
+        return {field: _plain(getattr(attr, field)) for field in numbers}
+    return None
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return tuple(int(x) for x in value)
+    return int(value)
+
+
+_DIMENSION_NUMBERS: dict[str, tuple[str, ...]] = {
+    "DotDimensionNumbers": (
+        "lhs_batching_dimensions",
+        "rhs_batching_dimensions",
+        "lhs_contracting_dimensions",
+        "rhs_contracting_dimensions",
+    ),
+    "ConvDimensionNumbers": (
+        "input_batch_dimension",
+        "input_feature_dimension",
+        "input_spatial_dimensions",
+        "kernel_input_feature_dimension",
+        "kernel_output_feature_dimension",
+        "kernel_spatial_dimensions",
+        "output_batch_dimension",
+        "output_feature_dimension",
+        "output_spatial_dimensions",
+    ),
+    "GatherDimensionNumbers": (
+        "offset_dims",
+        "collapsed_slice_dims",
+        "operand_batching_dims",
+        "start_indices_batching_dims",
+        "start_index_map",
+        "index_vector_dim",
+    ),
+    "ScatterDimensionNumbers": (
+        "update_window_dims",
+        "inserted_window_dims",
+        "input_batching_dims",
+        "scatter_indices_batching_dims",
+        "scattered_dims_to_operand_dims",
+        "index_vector_dim",
+    ),
+}
+
+# Attributes that only carry data the rules never read (and can be large).
+_SKIPPED_ATTRIBUTES = frozenset({"value", "backend_config", "mhlo.frontend_attributes", "precision_config"})
+
+
+class _Reader:
+    """Walks the entry function, inlining private functions, and numbers values and ops."""
+
+    def __init__(self, module: Any, source: str) -> None:
+        self.source = source
+        self.module = module
+        self.functions: dict[str, Any] = {}
+        for op in module.body.operations:
+            if op.operation.name == "func.func":
+                self.functions[op.attributes["sym_name"].value] = op
+        self.values: list[Value] = []
+        self.ops: list[Op] = []
+        self.call_counts: dict[str, int] = {}
+        self.trace: list[tuple[Any, bool]] | None = None
+
+    def program(self) -> Program:
+        from jaxlib.mlir import ir
+
+        entry = self._entry_function()
+        block = entry.regions[0].blocks[0]
+        names = ir.AsmState(entry)
+        env: dict[Any, int] = {}
+        arguments = []
+        for arg in block.arguments:
+            name = _name_of_location(arg.location) or arg.get_name(names)
+            value = self._new_value(arg, name=name, loc="", what=f"argument {name}")
+            env[arg] = value
+            arguments.append(value)
+        self._walk_block(block, env, names, prefix="", parent=None, depth=0, call_loc="")
+        terminator = self.ops[-1]
+        results = terminator.operands
+        self._name_results(entry, results, set(arguments))
+        module_attributes = self.module.operation.attributes
+        has_name = "sym_name" in module_attributes
+        return Program(
+            name=module_attributes["sym_name"].value if has_name else Path(self.source).stem,
+            values=tuple(self.values),
+            ops=tuple(self.ops),
+            arguments=tuple(arguments),
+            results=tuple(results),
+        )
+
+    def _entry_function(self) -> Any:
+        return entry_function(self.functions, self.source)
+
+    def _name_results(self, entry: Any, results: tuple[int, ...], arguments: set[int]) -> None:
+        """Give returned values the entry function's ``jax.result_info`` names."""
+        labels: list[str] = []
+        res_attrs = entry.attributes["res_attrs"] if "res_attrs" in entry.attributes else None
+        for index in range(len(results)):
+            label = f"result[{index}]"
+            if res_attrs is not None:
+                attrs = res_attrs[index]
+                if "jax.result_info" in attrs:
+                    info = attrs["jax.result_info"].value
+                    label = info if info.startswith("result") else f"result{info}" if info else label
+            labels.append(label)
+        named: set[int] = set()
+        for value_id, label in zip(results, labels):
+            if value_id in arguments or value_id in named:
+                continue
+            named.add(value_id)
+            old = self.values[value_id]
+            self.values[value_id] = Value(old.id, label, old.shape, old.dtype, old.loc)
+
+    def _new_value(self, mlir_value: Any, *, name: str, loc: str, what: str) -> int:
+        where = loc or self.source
+        shape, dtype = _shape_and_dtype(mlir_value.type, what=what, where=where)
+        value = Value(len(self.values), name, shape, dtype, loc)
+        self.values.append(value)
+        return value.id
+
+    def _walk_block(self, block: Any, env: dict[Any, int], names: Any, *, prefix: str,
+                    parent: tuple[int, int] | None, depth: int, call_loc: str) -> None:
+        for mlir_op in block.operations:
+            self._visit(mlir_op, env, names, prefix=prefix, parent=parent, depth=depth, call_loc=call_loc)
+
+    def _visit(self, mlir_op: Any, env: dict[Any, int], names: Any, *, prefix: str,
+               parent: tuple[int, int] | None, depth: int, call_loc: str) -> None:
+        kind = mlir_op.operation.name
+        # Ops of private functions (relu, log_softmax) carry no user frame: use the call's.
+        loc = python_location(mlir_op.location) or call_loc
+        try:
+            operands = tuple(env[v] for v in mlir_op.operands)
+        except KeyError:  # pragma: no cover - MLIR verifies dominance before we get here
+            raise InputError(f"{loc or self.source}: {kind} uses a value defined outside its scope") from None
+        results = tuple(
+            self._new_value(r, name=prefix + r.get_name(names), loc=loc, what=f"{kind} result {prefix}{r.get_name(names)}")
+            for r in mlir_op.results
+        )
+        for mlir_result, value_id in zip(mlir_op.results, results):
+            env[mlir_result] = value_id
+        op_id = len(self.ops)
+        attrs = self._attributes(mlir_op)
+        regions: list[tuple[int, ...]] = []
+        # Reserve the op's slot first so parents precede their children.
+        self.ops.append(Op(op_id, kind, operands, results, attrs, loc, parent, ()))
+        if self.trace is not None:
+            self.trace.append((mlir_op, depth > 0))
+        if kind == "func.call":
+            regions.append(self._inline_call(mlir_op, op_id, env, loc=loc, depth=depth))
+        else:
+            for region_index, region in enumerate(mlir_op.regions):
+                if not region.blocks:
+                    regions.append(())
+                    continue
+                block = region.blocks[0]
+                if len(region.blocks) > 1:
+                    raise InputError(f"{loc or self.source}: {kind} has a region with several blocks; "
+                                     "toast reads structured StableHLO only")
+                args = tuple(
+                    self._new_value(a, name=prefix + a.get_name(names), loc=loc, what=f"block argument of {kind}")
+                    for a in block.arguments
+                )
+                for mlir_arg, value_id in zip(block.arguments, args):
+                    env[mlir_arg] = value_id
+                regions.append(args)
+                self._walk_block(block, env, names, prefix=prefix, parent=(op_id, region_index), depth=depth,
+                                 call_loc=call_loc)
+        self.ops[op_id] = Op(op_id, kind, operands, results, attrs, loc, parent, tuple(regions))
+
+    def _inline_call(self, mlir_op: Any, op_id: int, env: dict[Any, int], *, loc: str, depth: int) -> tuple[int, ...]:
+        """Walk a fresh copy of the callee's body inside region 0 of the call op."""
+        from jaxlib.mlir import ir
+
+        callee_name = mlir_op.attributes["callee"].value
+        callee = self.functions.get(callee_name)
+        if callee is None:
+            raise InputError(f"{loc or self.source}: func.call of unknown function @{callee_name}")
+        if depth >= _MAX_INLINE_DEPTH:
+            raise InputError(f"{loc or self.source}: calls nested deeper than {_MAX_INLINE_DEPTH} (recursion?) at @{callee_name}")
+        count = self.call_counts.get(callee_name, 0)
+        self.call_counts[callee_name] = count + 1
+        prefix = f"@{callee_name}#{count}:"
+        block = callee.regions[0].blocks[0]
+        names = ir.AsmState(callee)
+        callee_env: dict[Any, int] = {}
+        args = tuple(
+            self._new_value(a, name=prefix + a.get_name(names), loc=loc, what=f"argument of @{callee_name}")
+            for a in block.arguments
+        )
+        for mlir_arg, value_id in zip(block.arguments, args):
+            callee_env[mlir_arg] = value_id
+        self._walk_block(block, callee_env, names, prefix=prefix, parent=(op_id, 0), depth=depth + 1, call_loc=loc)
+        return args
+
+    @staticmethod
+    def _attributes(mlir_op: Any) -> tuple[tuple[str, Any], ...]:
+        decoded = []
+        attributes = mlir_op.attributes
+        for name in attributes:
+            name = getattr(name, "name", name)  # older bindings yield NamedAttribute
+            if name in _SKIPPED_ATTRIBUTES:
+                continue
+            value = decode_attribute(attributes[name])
+            if value is not None:
+                decoded.append((name, value))
+        return tuple(sorted(decoded, key=lambda kv: kv[0]))

@@ -1,0 +1,117 @@
+"""Reports of an ``Analysis``: the JSON contract and the short human summary.
+
+JSON (scripts rely on it): top-level ``colors``, ``unruled_ops``, ``color_conflicts``,
+``conflicts``, ``compatibility_sets``, ``resolution_groups``, ``stats``.
+
+- color: ``{"id", "size", "dims": [dim, ...]}``; ``size`` counts all its dimension names
+  (definitions and uses), ``dims`` lists definition dims ``{"value", "dim", "size", "loc"}``.
+- unruled op: ``{"op", "kind", "loc"}``.
+- color conflict (section 3.3): ``{"color", "on": site}``; a site is ``{"value", "dims"}`` for a
+  definition or ``{"value", "dims", "use": {"op", "kind", "operand"}}`` for a use.
+- conflict (section 3.4): ``{"id", "color", "endpoints": [dim, dim], "on": [site, ...],
+  "compatibility_set"}``. An endpoint is a dimension-graph node named by one of its dims, like
+  the dims of a color; a node without a definition dim is named by a use dim, which then has
+  a ``"use"`` key. A site's ``dims`` are the dims of endpoint 0 and endpoint 1 there.
+- compatibility set (section 3.5): ``{"id", "conflicts", "resolution_group", "resolutions":
+  [{"resolution": 0|1, "shard": [{"conflict", "endpoint", "dim"}, ...]}, ...]}``: what each of
+  the two resolutions shards, per conflict.
+- resolution group (section 3.6): ``{"id", "sets"}``; group ``id`` is bit ``id`` of an action's
+  ``resolution_order``, and bit value r picks resolution r of every set in the group.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+from toast.analysis.named_dimensions import Analysis
+from toast.analysis.conflicts import ConflictSite
+from toast.resources import template
+
+
+def to_json(analysis: Analysis) -> dict[str, Any]:
+    """The JSON document of ``analysis`` (plain dicts and lists, deterministic order)."""
+    return {
+        "colors": [
+            {
+                "id": color.id,
+                "size": color.size,
+                "dims": [{"value": d.value, "dim": d.dim, "size": d.size, "loc": d.loc} for d in color.dims],
+            }
+            for color in analysis.colors
+        ],
+        "unruled_ops": [{"op": u.op, "kind": u.kind, "loc": u.loc} for u in analysis.unruled_ops],
+        **conflicts_json(analysis),
+        "stats": analysis.stats,
+    }
+
+
+def conflicts_json(analysis: Analysis) -> dict[str, Any]:
+    """The ``color_conflicts``, ``conflicts``, ``compatibility_sets`` and ``resolution_groups``."""
+    found = analysis.conflicts
+    conflicts = [
+        {
+            "id": conflict.id,
+            "color": conflict.color,
+            "endpoints": [name_json(analysis, node) for node in conflict.nodes],
+            "on": [site_json(analysis, site) for site in conflict.sites],
+            "compatibility_set": found.set_of[conflict.id],
+        }
+        for conflict in found.conflicts
+    ]
+    sets = []
+    for group_set in found.sets:
+        resolutions = []
+        for resolution in (0, 1):
+            shard = [
+                {"conflict": conflict_id, "endpoint": endpoint, "dim": conflicts[conflict_id]["endpoints"][endpoint]}
+                for conflict_id, endpoint in zip(group_set.conflicts, group_set.sharded_endpoints(resolution))
+            ]
+            resolutions.append({"resolution": resolution, "shard": shard})
+        sets.append({"id": group_set.id, "conflicts": list(group_set.conflicts),
+                     "resolution_group": found.group_of[group_set.id], "resolutions": resolutions})
+    return {
+        "color_conflicts": [{"color": c.color, "on": site_json(analysis, c.site)} for c in found.color_conflicts],
+        "conflicts": conflicts,
+        "compatibility_sets": sets,
+        "resolution_groups": [{"id": group.id, "sets": list(group.sets)} for group in found.groups],
+    }
+
+
+def name_json(analysis: Analysis, name: int) -> dict[str, Any]:
+    """A dimension name as the JSON names dims: ``{"value", "dim", "size", "loc"}``, plus
+    ``"use": {"op", "kind", "operand"}`` when it is the name of a use."""
+    program = analysis.program
+    if name < len(analysis.names.defs):
+        value_id, dim = analysis.names.defs[name]
+        value = program.values[value_id]
+        return {"value": value.name, "dim": dim, "size": value.shape[dim], "loc": value.loc}
+    op_id, operand, dim = analysis.names.uses[name - len(analysis.names.defs)]
+    op = program.ops[op_id]
+    value = program.values[op.operands[operand]]
+    return {"value": value.name, "dim": dim, "size": value.shape[dim], "loc": op.loc,
+            "use": {"op": program.op_label(op_id), "kind": op.kind, "operand": operand}}
+
+
+def site_json(analysis: Analysis, site: ConflictSite) -> dict[str, Any]:
+    """A definition ``{"value", "dims"}`` or a use ``{"value", "dims", "use": {...}}``."""
+    document: dict[str, Any] = {"value": analysis.program.values[site.value].name, "dims": list(site.dims)}
+    if site.kind == "use":
+        op = analysis.program.ops[site.op]
+        document["use"] = {"op": analysis.program.op_label(site.op), "kind": op.kind, "operand": site.operand}
+    return document
+
+
+def summary(analysis: Analysis, *, top: int = 10) -> str:
+    """A short human summary: counts, the ``top`` largest colors, unruled ops, timings."""
+    largest = []
+    for color in analysis.colors[:top]:
+        shown = ", ".join(f"{d.value}[{d.dim}]" for d in color.dims[:3])
+        more = f", ... ({len(color.dims)} definition dims)" if len(color.dims) > 3 else ""
+        sizes = sorted({d.size for d in color.dims})
+        largest.append({"id": color.id, "size": color.size, "dim_sizes": sizes, "examples": shown + more})
+    text = template("summary.txt.j2", trim_blocks=True, lstrip_blocks=True).render(
+        program=analysis.program, stats=analysis.stats, largest=largest, unruled=analysis.unruled_ops,
+        variant=analysis.stats.get("variant", ""),
+    )
+    return text.rstrip("\n") + "\n"

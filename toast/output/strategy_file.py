@@ -1,0 +1,155 @@
+"""Strategy files: a sharding state written down for people, scripts and JAX.
+
+The JSON (``toast shard -o FILE``) holds the mesh, the hardware, the actions, the sharding of
+every function argument and result as ``jax.sharding.PartitionSpec`` entries (``null``, an
+axis name, or a list of axis names per dim), the predicted collectives, the cost breakdown,
+a fingerprint of the program so a strategy is never applied to another program, and the
+state itself (one byte of axis bits per dimension name, zlib-compressed, base64) so that
+``toast validate`` replays exactly what was estimated.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import zlib
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from toast.cost.collectives import Collective
+from toast.cost.model import Cost
+from toast.errors import ToastError
+from toast.frontend.ir import Program
+from toast.sharding.mesh import Mesh, parse_mesh
+from toast.sharding.state import Action, ShardingModel, ShardingState, spec_entries
+
+
+def strategy_json(model: ShardingModel, state: ShardingState, actions: Sequence[Any], cost: Cost, *,
+                  source: str, hardware: str, name: str) -> dict[str, Any]:
+    """The strategy document of ``state`` (deterministic order)."""
+    program = model.analysis.program
+
+    def tensor(value_id: int, dim_axes: Sequence[tuple[str, ...]]) -> dict[str, Any]:
+        value = program.values[value_id]
+        spec = [list(entry) if isinstance(entry, tuple) else entry for entry in spec_entries(dim_axes)]
+        return {"name": value.name, "shape": list(value.shape), "dtype": value.dtype, "partition_spec": spec}
+
+    return {
+        "program": program.name,
+        "source": source,
+        "fingerprint": program.fingerprint(),
+        "variant": str(model.analysis.stats.get("variant", "default")),
+        "mesh": {"axes": [[axis, size] for axis, size in model.mesh.axes]},
+        "hardware": hardware,
+        "strategy": name,
+        "actions": [_action_json(model, action) for action in actions],
+        "state": {"names": int(len(state.masks)),
+                  "masks": base64.b64encode(zlib.compress(state.masks.tobytes(), 9)).decode("ascii")},
+        "arguments": [tensor(v, model.value_axes(state, v)) for v in program.arguments],
+        "results": [tensor(v, model.result_axes(state, k)) for k, v in enumerate(program.results)],
+        "collectives": [_collective_json(program, c) for c in cost.collectives],
+        "cost": {
+            "runtime_s": cost.runtime_s,
+            "compute_s": cost.compute_s,
+            "communication_s": dict(sorted(cost.communication_s.items())),
+            "peak_bytes_per_device": cost.peak_bytes,
+            "relative": cost.relative,
+        },
+    }
+
+
+def _action_json(model: ShardingModel, action: Any) -> dict[str, Any]:
+    if isinstance(action, Action):
+        return {"color": action.color, "axis": action.axis, "resolution": list(action.resolution)}
+    from toast.analysis.naming import describe_name
+
+    return {"nodes": [describe_name(model.analysis, n) for n in action.nodes], "axis": action.axis,
+            "label": action.label}
+
+
+def _collective_json(program: Program, collective: Collective) -> dict[str, Any]:
+    op = program.ops[collective.op]
+    return {
+        "kind": collective.kind,
+        "axes": list(collective.axes),
+        "value": program.values[collective.value].name,
+        "op": op.kind,
+        "operand": collective.operand,
+        "loc": op.loc,
+        "bytes_in": collective.bytes_in,
+        "bytes_out": collective.bytes_out,
+    }
+
+
+_REQUIRED_KEYS = ("fingerprint", "mesh", "hardware", "state")
+
+
+def read_strategy(path: str | Path) -> dict[str, Any]:
+    """A strategy file's document.
+
+    Raises:
+      ToastError: unreadable, not JSON (``path:line:col``), or missing a key.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ToastError(f"{path}: cannot read: {err.strerror}") from None
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ToastError(f"{path}:{err.lineno}:{err.colno}: not a strategy file (invalid JSON: {err.msg})") from None
+    if not isinstance(document, dict):
+        raise ToastError(f"{path}: not a strategy file (a JSON object from `toast shard -o` expected)")
+    missing = [key for key in _REQUIRED_KEYS if key not in document]
+    if missing:
+        raise ToastError(f"{path}: not a strategy file: no {', '.join(repr(k) for k in missing)} "
+                         "(write one with `toast shard -o`)")
+    return document
+
+
+def strategy_mesh(document: dict[str, Any], *, path: str | Path) -> Mesh:
+    """The mesh a strategy document was made for."""
+    try:
+        spec = ",".join(f"{name}={int(size)}" for name, size in document["mesh"]["axes"])
+    except (KeyError, TypeError, ValueError):
+        raise ToastError(f"{path}: malformed 'mesh' (expected {{\"axes\": [[name, size], ...]}})") from None
+    try:
+        return parse_mesh(spec)
+    except ToastError as err:
+        raise ToastError(f"{path}: malformed 'mesh': {err}") from None
+
+
+def strategy_state(model: ShardingModel, document: dict[str, Any], *, path: str | Path) -> ShardingState:
+    """The sharding state a strategy document holds, checked against ``model``'s program.
+
+    Raises:
+      ToastError: the file was written for another program (fingerprint), another analysis
+        (name count or variant), or another mesh, or its state is malformed.
+    """
+    program = model.analysis.program
+    fingerprint = program.fingerprint()
+    if document["fingerprint"] != fingerprint:
+        raise ToastError(f"{path}: strategy file for another program (fingerprint {document['fingerprint']}, "
+                         f"{program.name} has {fingerprint}; source was {document.get('source', '?')})")
+    variant = str(model.analysis.stats.get("variant", "default"))
+    if document.get("variant", variant) != variant:
+        raise ToastError(f"{path}: strategy made with analysis variant '{document['variant']}', this analysis uses "
+                         f"'{variant}'; pass --variant {document['variant']}")
+    mesh = strategy_mesh(document, path=path)
+    if mesh.axes != model.mesh.axes:
+        raise ToastError(f"{path}: strategy for mesh {mesh.spec()}, not {model.mesh.spec()}")
+    try:
+        state = document["state"]
+        masks = np.frombuffer(zlib.decompress(base64.b64decode(state["masks"], validate=True)), dtype=np.uint8)
+        names = int(state["names"])
+    except (KeyError, TypeError, ValueError, zlib.error):
+        raise ToastError(f"{path}: malformed 'state' (write the file with `toast shard -o`)") from None
+    if names != len(masks) or names != model.analysis.names.count:
+        raise ToastError(f"{path}: state has {len(masks)} dimension names, the analysis has "
+                         f"{model.analysis.names.count}; were other rules (--rules) used?")
+    if len(masks) and int(masks.max()) >= 1 << len(mesh.axes):
+        raise ToastError(f"{path}: state names mesh axes the mesh {mesh.spec()} does not have")
+    return ShardingState(model.mesh, masks.copy(), ())

@@ -1,0 +1,195 @@
+"""Sharding states: which mesh axes shard which dimension names, set by actions.
+
+An action (section 4.2) is ``(color, resolution bits, axis)``: shard every dimension name of
+the color along the mesh axis, except, in each conflict of that color, the endpoint the
+resolution does not pick (``Conflicts.unsharded_nodes``). The state (section 4.3) is the
+map from every dimension name to the axes sharding it, kept as one byte per name (bit k is
+mesh axis k), so two action orders that give the same sharding give the same state.
+
+From the state follow the sharding of every definition and every use (the names of their
+dims), and its validity: an axis may shard at most one dim of a tensor, and every sharded dim
+(and every reshape factor a dim is identified through) must be divisible by the number of
+devices it is split over.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from toast.analysis.named_dimensions import Analysis
+from toast.errors import ToastError
+from toast.sharding.mesh import Mesh
+
+POPCOUNT = np.array([bin(m).count("1") for m in range(256)], dtype=np.int64)
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """Shard ``color`` along mesh ``axis``; ``resolution`` has one bit per resolution group
+    (``Conflicts.groups``; empty means all zeros)."""
+
+    color: int
+    axis: str
+    resolution: tuple[int, ...] = ()
+
+
+class InvalidState(ToastError):
+    """A state no SPMD program can have (an axis twice in a tensor, a dim not divisible)."""
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class ShardingState:
+    """Axes sharding every dimension name.
+
+    Attributes:
+      mesh: the logical mesh.
+      masks: ``uint8[names]``; bit k set when mesh axis k shards the name.
+      actions: the actions applied, in order.
+    """
+
+    mesh: Mesh
+    masks: np.ndarray
+    actions: tuple[Action, ...]
+
+    def key(self) -> bytes:
+        """A hashable key: equal for states that shard alike, whatever the action order."""
+        return self.masks.tobytes()
+
+
+def spec_entries(dim_axes: Sequence[tuple[str, ...]]) -> tuple:
+    """``jax.sharding.PartitionSpec`` entries of per-dim axes: ``None``, an axis name, or a tuple
+    of axis names (major to minor) per dim."""
+    return tuple(None if not axes else axes[0] if len(axes) == 1 else tuple(axes) for axes in dim_axes)
+
+
+class ShardingModel:
+    """The static structure of an analysis that states are read against (built once, linear).
+
+    Attributes:
+      analysis: the named-dimension analysis with its conflicts.
+      mesh: the logical mesh.
+      name_size: ``int64[names]``, elements along each name's dim.
+      site_starts: start index of each site (definition or use with at least one dim) in
+        name order; a site's names are contiguous.
+      value_sites: ``value id -> site index`` of its definition (``-1`` for scalars).
+    """
+
+    def __init__(self, analysis: Analysis, mesh: Mesh):
+        self.analysis = analysis
+        self.mesh = mesh
+        program, names = analysis.program, analysis.names
+        sizes = [program.values[v].shape[d] for v, d in names.defs]
+        sizes += [program.values[program.ops[op].operands[k]].shape[d] for op, k, d in names.uses]
+        self.name_size = np.asarray(sizes, dtype=np.int64)
+        starts = [base for value, base in zip(program.values, names.def_base) if value.shape]
+        previous = None
+        for offset, (op, k, _) in enumerate(names.uses):
+            if (op, k) != previous:
+                starts.append(len(names.defs) + offset)
+                previous = (op, k)
+        self.site_starts = np.asarray(starts, dtype=np.int64)
+        order = np.argsort(analysis.color_of, kind="stable")
+        bounds = np.searchsorted(analysis.color_of[order], np.arange(len(analysis.colors) + 1))
+        self._names_of_color = [order[bounds[c]:bounds[c + 1]] for c in range(len(analysis.colors))]
+        self.factor_names = np.asarray(sorted(analysis.major_factors), dtype=np.int64)
+        self.factor_sizes = np.asarray([analysis.major_factors[n] for n in self.factor_names.tolist()],
+                                       dtype=np.int64)
+        self.devices_of_mask = np.asarray([mesh.mask_size(m) for m in range(256)], dtype=np.int64)
+        # First use name of each returned operand of @main's func.return (-1 for scalars).
+        returns = [op for op in program.ops if op.kind == "func.return" and op.parent is None]
+        self.result_first_names = tuple(
+            names.use_name(returns[-1].id, k, 0) if program.values[v].shape else -1
+            for k, v in enumerate(returns[-1].operands)) if returns else ()
+
+    def initial(self) -> ShardingState:
+        """The unsharded state (every name replicated)."""
+        return ShardingState(self.mesh, np.zeros(self.analysis.names.count, dtype=np.uint8), ())
+
+    def names_of_color(self, color: int) -> np.ndarray:
+        if not 0 <= color < len(self._names_of_color):
+            raise ToastError(f"no color {color} (this program has colors 0..{len(self._names_of_color) - 1})")
+        return self._names_of_color[color]
+
+    def apply(self, state: ShardingState, action: Action, *, check: bool = True) -> ShardingState:
+        """The state after ``action``; ``InvalidState`` when the result is invalid and ``check``."""
+        conflicts = self.analysis.conflicts
+        bits = action.resolution or (0,) * conflicts.resolution_bits
+        if len(bits) != conflicts.resolution_bits:
+            raise ToastError(f"action on color {action.color}: {len(bits)} resolution bits given, the program has "
+                             f"{conflicts.resolution_bits}")
+        bit = np.uint8(1 << self.mesh.index(action.axis))
+        names = self.names_of_color(action.color)
+        unsharded = conflicts.unsharded_nodes(action.color, bits)
+        if unsharded:
+            names = names[~np.isin(self.analysis.node_of[names], np.fromiter(unsharded, dtype=np.int64))]
+        masks = state.masks.copy()
+        masks[names] |= bit
+        result = ShardingState(self.mesh, masks, state.actions + (action,))
+        if check:
+            problem = self.problem(result)
+            if problem:
+                raise InvalidState(f"action (color {action.color}, axis {action.axis}): {problem}")
+        return result
+
+    def problem(self, state: ShardingState) -> str:
+        """The first reason ``state`` is invalid, or ``""``."""
+        masks = state.masks
+        if len(self.site_starts):
+            combined = np.bitwise_or.reduceat(masks, self.site_starts)
+            counted = np.add.reduceat(POPCOUNT[masks], self.site_starts)
+            twice = np.flatnonzero(POPCOUNT[combined] != counted)
+            if len(twice):
+                name = int(self.site_starts[twice[0]])
+                return f"{self._site_label(name)}: one mesh axis shards two of its dims"
+        devices = self.devices_of_mask[masks]
+        bad = np.flatnonzero(self.name_size % devices)
+        if len(bad):
+            name = int(bad[0])
+            return (f"{self._name_label(name)} has {self.name_size[name]} elements, not divisible by the "
+                    f"{devices[name]} devices of {'x'.join(self.mesh.mask_axes(int(masks[name])))}")
+        if len(self.factor_names):
+            devices = self.devices_of_mask[masks[self.factor_names]]
+            bad = np.flatnonzero(self.factor_sizes % devices)
+            if len(bad):
+                name = int(self.factor_names[bad[0]])
+                return (f"{self._name_label(name)} is reshaped through a factor of {self.factor_sizes[bad[0]]}, "
+                        f"not divisible by {devices[bad[0]]} devices")
+        return ""
+
+    def dim_axes(self, state: ShardingState, names: Sequence[int]) -> tuple[tuple[str, ...], ...]:
+        """Axes sharding each of ``names`` (major to minor)."""
+        return tuple(self.mesh.mask_axes(int(state.masks[n])) for n in names)
+
+    def value_axes(self, state: ShardingState, value_id: int) -> tuple[tuple[str, ...], ...]:
+        """Axes sharding each dim of the value's definition."""
+        base = self.analysis.names.def_base[value_id]
+        return self.dim_axes(state, range(base, base + len(self.analysis.program.values[value_id].shape)))
+
+    def result_axes(self, state: ShardingState, index: int) -> tuple[tuple[str, ...], ...]:
+        """Axes sharding each dim of result ``index`` as ``@main`` returns it (its use by
+        ``func.return``, which a conflict resolution may shard unlike the definition)."""
+        value_id = self.analysis.program.results[index]
+        first = self.result_first_names[index]
+        rank = len(self.analysis.program.values[value_id].shape)
+        return self.dim_axes(state, range(first, first + rank)) if first >= 0 else ()
+
+    def partition_spec(self, state: ShardingState, value_id: int) -> tuple:
+        """The value's definition sharding as ``jax.sharding.PartitionSpec`` entries."""
+        return spec_entries(self.value_axes(state, value_id))
+
+    def _name_label(self, name: int) -> str:
+        from toast.analysis.naming import describe_name
+
+        return describe_name(self.analysis, name)
+
+    def _site_label(self, first_name: int) -> str:
+        """The definition or use whose dim 0 is ``first_name``, in words."""
+        program, names = self.analysis.program, self.analysis.names
+        if first_name < len(names.defs):
+            return program.values[names.defs[first_name][0]].name
+        op_id, operand, _ = names.uses[first_name - len(names.defs)]
+        op = program.ops[op_id]
+        return f"{program.values[op.operands[operand]].name} as operand {operand} of {op.kind}"

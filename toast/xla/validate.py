@@ -1,0 +1,226 @@
+"""Predictions against XLA: the collectives and peak memory of a strategy, checked on host devices.
+
+``compare`` is pure: it matches predicted collectives (``toast.cost.collectives``) with the
+collectives of XLA's partitioned module (``toast.xla.worker``) and sets the predicted peak
+against XLA's memory analysis. ``validate`` writes the sharded module (``toast.output.sharded_stablehlo``), has
+XLA compile and run it, and compares.
+
+Matching. XLA's combiners merge collectives of one kind into one variadic instruction (the
+gradient all-reduces of a data-parallel step become one tuple all-reduce); each operand of
+such an instruction counts as one collective, as it would before combining. A predicted and
+an XLA collective agree when kind and mesh axes are equal and the per-device bytes in and out
+are each within ``tolerance`` (10%) of XLA's. Within one (kind, axes) both lists are sorted
+by bytes and matched greedily, which pairs as many as any one-to-one matching can (each XLA
+size accepts an interval of predicted sizes, and the intervals grow with the size).
+``agreement`` is the matched count over the larger of the two counts, so both missed and
+spurious collectives lower it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from toast.cost.collectives import Collective
+from toast.cost.model import CostModel
+from toast.output.sharded_stablehlo import sharded_module_text
+from toast.cost.hardware import Hardware
+from toast.sharding.state import ShardingModel, ShardingState
+from toast.xla.worker import Numerics, XlaReport, check_sharded_module
+
+DEFAULT_TOLERANCE = 0.10
+
+
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    """One collective reduced to what is compared: kind, mesh axes, per-device bytes in and out."""
+
+    kind: str
+    axes: tuple[str, ...]
+    bytes_in: int
+    bytes_out: int
+
+
+@dataclass(frozen=True, slots=True)
+class KindRow:
+    """One row of the agreement table: the collectives of one kind over one set of axes.
+
+    Attributes:
+      kind, axes: the collective kind and its mesh axes.
+      predicted, xla: how many each side has.
+      predicted_bytes, xla_bytes: their total per-device output bytes.
+      matched: pairs within the tolerance.
+    """
+
+    kind: str
+    axes: tuple[str, ...]
+    predicted: int
+    xla: int
+    predicted_bytes: int
+    xla_bytes: int
+    matched: int
+
+
+@dataclass(frozen=True, slots=True)
+class Agreement:
+    """A strategy's predictions against XLA.
+
+    Attributes:
+      numerics: the sharded run against the unsharded reference.
+      rows: per (kind, axes), sorted.
+      matched: matched pairs over all rows.
+      predicted_count, xla_count: collectives on each side (XLA's combined ones split).
+      predicted_peak_bytes: the cost model's peak memory per device.
+      xla_peak_bytes: XLA's per-device footprint (``xla_footprint``).
+      tolerance: relative byte tolerance of a match.
+    """
+
+    numerics: Numerics
+    rows: tuple[KindRow, ...]
+    matched: int
+    predicted_count: int
+    xla_count: int
+    predicted_peak_bytes: int
+    xla_peak_bytes: int
+    tolerance: float
+
+    @property
+    def agreement(self) -> float:
+        """Matched collectives over the larger count (1.0 when neither side has any)."""
+        total = max(self.predicted_count, self.xla_count)
+        return self.matched / total if total else 1.0
+
+    @property
+    def peak_error(self) -> float:
+        """``predicted / xla - 1`` of the peak memory (0.0 when XLA reports no peak)."""
+        return self.predicted_peak_bytes / self.xla_peak_bytes - 1 if self.xla_peak_bytes else 0.0
+
+
+def xla_footprint(memory: dict[str, int]) -> int:
+    """Bytes XLA allocates per device for one run: arguments + outputs + temporaries − aliased.
+
+    Temporaries share one allocation whose size is the peak of the temporaries live at once
+    under XLA's schedule (buffer assignment); arguments and outputs have their own for the
+    whole run. (The CPU client's ``peak_memory_in_bytes`` equals arguments + outputs in every
+    module we compiled: it leaves the temporaries out, so it is not compared.)
+    """
+    return (memory.get("argument_size_in_bytes", 0) + memory.get("output_size_in_bytes", 0)
+            + memory.get("temp_size_in_bytes", 0) - memory.get("alias_size_in_bytes", 0))
+
+
+def xla_transfers(report: XlaReport) -> list[Transfer]:
+    """XLA's collectives, one per operand of a combined instruction."""
+    found = []
+    for collective in report.collectives:
+        parts = collective.parts or ((collective.bytes_in, collective.bytes_out),)
+        found.extend(Transfer(collective.kind, collective.axes, i, o) for i, o in parts)
+    return found
+
+
+def predicted_transfers(collectives: Sequence[Collective], *, reduce_scatter: bool = False) -> list[Transfer]:
+    """The predicted collectives as compared. Unless ``reduce_scatter``, a reduce-scatter is
+    compared as the all-reduce of its input that XLA's CPU pipeline leaves in its place (the
+    partitioner writes all-reduce + dynamic-slice; only the GPU and TPU pipelines run the
+    ``ReduceScatterCreator`` pass that fuses the two)."""
+    return [Transfer("all-reduce", c.axes, c.bytes_in, c.bytes_in) if c.kind == "reduce-scatter" and not reduce_scatter
+            else Transfer(c.kind, c.axes, c.bytes_in, c.bytes_out) for c in collectives]
+
+
+def _close(predicted: int, actual: int, tolerance: float) -> bool:
+    return abs(predicted - actual) <= tolerance * actual
+
+
+def match_count(predicted: Sequence[Transfer], actual: Sequence[Transfer], *, tolerance: float) -> int:
+    """Pairs of one (kind, axes) group within ``tolerance``: a greedy pass over both sorted lists."""
+    ours = sorted(predicted, key=lambda t: (t.bytes_out, t.bytes_in))
+    theirs = sorted(actual, key=lambda t: (t.bytes_out, t.bytes_in))
+    i = j = matched = 0
+    while i < len(ours) and j < len(theirs):
+        if _close(ours[i].bytes_out, theirs[j].bytes_out, tolerance) and _close(ours[i].bytes_in, theirs[j].bytes_in,
+                                                                              tolerance):
+            matched += 1
+            i += 1
+            j += 1
+        elif ours[i].bytes_out < theirs[j].bytes_out:
+            i += 1
+        else:
+            j += 1
+    return matched
+
+
+def compare(collectives: Sequence[Collective], predicted_peak_bytes: int, report: XlaReport, *,
+            tolerance: float = DEFAULT_TOLERANCE, reduce_scatter: bool = False) -> Agreement:
+    """Set predicted collectives and peak memory against what XLA compiled (``reduce_scatter``:
+    see ``predicted_transfers``; true for a backend that forms reduce-scatters)."""
+    predicted = predicted_transfers(collectives, reduce_scatter=reduce_scatter)
+    actual = xla_transfers(report)
+    groups: dict[tuple[str, tuple[str, ...]], tuple[list[Transfer], list[Transfer]]] = {}
+    for transfer in predicted:
+        groups.setdefault((transfer.kind, transfer.axes), ([], []))[0].append(transfer)
+    for transfer in actual:
+        groups.setdefault((transfer.kind, transfer.axes), ([], []))[1].append(transfer)
+    rows = []
+    for (kind, axes), (ours, theirs) in sorted(groups.items()):
+        rows.append(KindRow(kind, axes, len(ours), len(theirs), sum(t.bytes_out for t in ours),
+                            sum(t.bytes_out for t in theirs), match_count(ours, theirs, tolerance=tolerance)))
+    return Agreement(
+        numerics=report.numerics,
+        rows=tuple(rows),
+        matched=sum(r.matched for r in rows),
+        predicted_count=len(predicted),
+        xla_count=len(actual),
+        predicted_peak_bytes=int(predicted_peak_bytes),
+        xla_peak_bytes=xla_footprint(report.memory),
+        tolerance=tolerance,
+    )
+
+
+def format_agreement(agreement: Agreement) -> str:
+    """The agreement table and its summary lines, as ``toast validate`` prints them."""
+    header = ("collective", "axes", "predicted", "XLA", "pred bytes", "XLA bytes", f"within {agreement.tolerance:.0%}")
+    body = [(r.kind, "+".join(r.axes) or "-", str(r.predicted), str(r.xla), str(r.predicted_bytes), str(r.xla_bytes),
+             str(r.matched)) for r in agreement.rows]
+    widths = [max(len(row[k]) for row in [header, *body]) for k in range(len(header))]
+    lines = ["  ".join(cell.ljust(width) if k < 2 else cell.rjust(width) for k, (cell, width) in
+                       enumerate(zip(row, widths))).rstrip() for row in [header, *body]]
+    numerics = agreement.numerics
+    lines.append(f"collectives: {agreement.matched} of {max(agreement.predicted_count, agreement.xla_count)} agree "
+                 f"({agreement.agreement:.0%}; predicted {agreement.predicted_count}, XLA {agreement.xla_count})")
+    lines.append(f"peak memory per device: predicted {agreement.predicted_peak_bytes} B, XLA "
+                 f"{agreement.xla_peak_bytes} B (arguments + outputs + temporaries; {agreement.peak_error:+.1%})")
+    lines.append(f"numerics: {'match' if numerics.match else 'MISMATCH'} over {numerics.outputs} outputs "
+                 f"(max abs error {numerics.max_abs_error:.3g})")
+    return "\n".join(lines) + "\n"
+
+
+def validate(model: ShardingModel, state: ShardingState, hardware: Hardware, *, seed: int = 0,
+             tolerance: float = DEFAULT_TOLERANCE, timeout_s: float = 600.0) -> Agreement:
+    """Estimate ``state``, have XLA compile and run its sharded module on ``mesh.devices`` host
+    CPU devices (a worker process), and compare.
+
+    Raises:
+      ToastError: the module cannot be written or XLA rejects it.
+    """
+    cost_model = CostModel(model, hardware)
+    cost = cost_model.evaluate(state)
+    text = sharded_module_text(model, state, communication=cost_model.communication)
+    report = check_sharded_module(text, model.mesh.axes, seed=seed, timeout_s=timeout_s)
+    return compare(cost.collectives, cost.peak_bytes, report, tolerance=tolerance)
+
+
+def agreement_json(agreement: Agreement) -> dict[str, Any]:
+    """The agreement as JSON (``toast validate --json``)."""
+    return {
+        "numerics": {"match": agreement.numerics.match, "max_abs_error": agreement.numerics.max_abs_error,
+                     "outputs": agreement.numerics.outputs},
+        "collectives": [{"kind": r.kind, "axes": list(r.axes), "predicted": r.predicted, "xla": r.xla,
+                         "predicted_bytes": r.predicted_bytes, "xla_bytes": r.xla_bytes, "matched": r.matched}
+                        for r in agreement.rows],
+        "matched": agreement.matched,
+        "predicted_count": agreement.predicted_count,
+        "xla_count": agreement.xla_count,
+        "agreement": agreement.agreement,
+        "tolerance": agreement.tolerance,
+        "peak_bytes": {"predicted": agreement.predicted_peak_bytes, "xla": agreement.xla_peak_bytes,
+                       "error": agreement.peak_error},
+    }

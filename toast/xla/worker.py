@@ -1,0 +1,947 @@
+"""Check a sharded StableHLO module against XLA's own SPMD partitioner on host CPU devices.
+
+A predicted sharding is written into the module the way JAX itself writes it (see below); this
+module compiles that text with XLA's SPMD partitioner for a mesh of host CPU devices and
+reports three things:
+
+- numerics: the sharded executable and a 1-device reference (the same module with every
+  sharding annotation removed) run on the same seeded random inputs; every device's output
+  shard is compared with the matching slice of the reference output;
+- collectives: the all-reduce, all-gather, reduce-scatter, all-to-all and collective-permute
+  instructions of XLA's optimized, partitioned HLO module, each with the mesh axes its device
+  groups vary along and its per-device bytes;
+- memory: XLA's per-device memory analysis (``CompiledMemoryStats``), in bytes.
+
+XLA fixes the host CPU device count when JAX starts its backend, so every check runs in a
+worker process, ``python -m toast.xla``, started with ``JAX_NUM_CPU_DEVICES`` (the
+``jax_num_cpu_devices`` option, which wins over ``XLA_FLAGS=--xla_force_host_platform_device_count``
+in jax 0.10) set to the mesh size. The worker reads one JSON request on stdin and writes one
+JSON reply on stdout; ``run_worker`` is that protocol, ``check_sharded_module`` and
+``lower_sharded`` are the typed front ends.
+
+Annotation forms accepted (both are what ``jax.jit(f, in_shardings=..., out_shardings=...)
+.lower(...).as_text()`` prints in jax 0.10):
+
+- Shardy (JAX's default, ``jax_use_shardy_partitioner=True``): a ``sdy.mesh @mesh =
+  <["batch"=4, "model"=2]>`` op in the module, ``{sdy.sharding = #sdy.sharding<@mesh,
+  [{"batch"}, {}]>}`` on ``@main``'s arguments and results, and ``%1 = sdy.sharding_constraint
+  %0 <@mesh, [{"batch"}, {"model"}]> : tensor<256x64xf32>`` on intermediate values;
+- GSPMD: ``{mhlo.sharding = "{devices=[4,1,2]<=[8] last_tile_dim_replicate}"}`` on arguments
+  and results, and ``stablehlo.custom_call @Sharding(%0) {mhlo.sharding = "{devices=[4,2]<=[8]}"}``
+  on intermediate values.
+
+A module using any ``sdy.`` construct is compiled with the Shardy partitioner, any other with
+GSPMD. Mesh axes map to device ids in row-major (iota) order: partition ``p`` sits at mesh
+coordinates ``numpy.unravel_index(p, sizes)``, as for ``Mesh(np.array(jax.devices()).reshape
+(sizes), names)``; an ``sdy.mesh`` with explicit ``device_ids`` is refused.
+
+The compiled module comes from ``LoadedExecutable.hlo_modules()`` (``jaxlib._hlo.HloModule``):
+computations, instructions, opcodes, operands and users are walked through that structured
+API. jaxlib 0.10.2 ships no HloModuleProto schema and ``HloInstruction`` exposes neither its
+shape nor its replica groups, so those two are read from ``HloInstruction.to_string()`` by a
+small parser of one HLO instruction line (``_parse_instruction``): the result shape (array or
+tuple, layout skipped), and the ``replica_groups`` or ``source_target_pairs`` attribute. XLA
+0.10 prints replica groups in three forms, all read: explicit ``{{0,1},{2,3}}``, iota
+``[4,2]<=[4,2]T(1,0)``, and mesh axes ``mesh['axis_0'=4,'axis_1'=1,'axis_2'=2] {'axis_0'}``
+(XLA's own axis names, optionally with ``, device_ids=(...)`` and sub-axes ``'a':(1)2``).
+Group members are read as partition ids (the check compiles with one replica).
+
+Limits: a collective inside a loop body is listed once (the list is static, not a trace);
+``axes`` names a mesh axis even when the groups span only part of it (a sub-axis), ``groups``
+has the exact devices; shard_map (``sdy.manual_computation``) modules are refused.
+
+Tests: ``tests/test_xla_check.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from toast.errors import ToastError
+
+__all__ = [
+    "Numerics",
+    "XlaCollective",
+    "XlaReport",
+    "check_sharded_module",
+    "lower_sharded",
+    "run_worker",
+]
+
+# Comparison tolerances (rtol, atol) by element type; exact for integers and booleans.
+_TOLERANCES: dict[str, tuple[float, float]] = {
+    "f64": (1e-4, 1e-5),
+    "f32": (1e-4, 1e-5),
+    "f16": (1e-2, 1e-2),
+    "bf16": (1e-2, 1e-2),
+}
+
+# HLO primitive type -> bits per element.
+_HLO_BITS: dict[str, int] = {
+    "pred": 8, "s2": 2, "u2": 2, "s4": 4, "u4": 4, "s8": 8, "u8": 8, "s16": 16, "u16": 16,
+    "s32": 32, "u32": 32, "s64": 64, "u64": 64, "f16": 16, "bf16": 16, "f32": 32, "f64": 64,
+    "c64": 64, "c128": 128, "f4e2m1fn": 4, "f8e8m0fnu": 8, "f8e3m4": 8, "f8e4m3": 8,
+    "f8e4m3fn": 8, "f8e4m3fnuz": 8, "f8e4m3b11fnuz": 8, "f8e5m2": 8, "f8e5m2fnuz": 8, "token": 0,
+}
+
+# Collective opcode name (``HloOpcode.name`` without the leading ``k``) -> reported kind.
+_COLLECTIVE_KINDS: dict[str, str] = {
+    "AllReduce": "all-reduce",
+    "AllReduceStart": "all-reduce",
+    "AllGather": "all-gather",
+    "AllGatherStart": "all-gather",
+    "ReduceScatter": "reduce-scatter",
+    "AllToAll": "all-to-all",
+    "RaggedAllToAll": "ragged-all-to-all",
+    "CollectivePermute": "collective-permute",
+    "CollectivePermuteStart": "collective-permute",
+    "CollectiveBroadcast": "collective-broadcast",
+}
+
+# The ``*-start`` opcodes -> the ``*-done`` opcode that carries the result.
+_DONE_OF_START: dict[str, str] = {
+    "AllReduceStart": "AllReduceDone",
+    "AllGatherStart": "AllGatherDone",
+    "CollectivePermuteStart": "CollectivePermuteDone",
+}
+
+
+@dataclass(frozen=True)
+class Numerics:
+    """Sharded outputs against the 1-device reference.
+
+    Attributes:
+      match: every output shard on every device is close to the reference (``numpy.allclose``
+        with rtol=1e-4, atol=1e-5 + rtol·max|reference| for f32/f64, rtol=atol=1e-2 (plus the
+        same scaled term) for f16/bf16, exact for integers: sharding reorders sums, whose
+        rounding error follows the output's magnitude).
+      max_abs_error: the largest absolute difference over all outputs and devices.
+      outputs: how many outputs ``@main`` returns.
+    """
+
+    match: bool
+    max_abs_error: float
+    outputs: int
+
+
+@dataclass(frozen=True)
+class XlaCollective:
+    """One collective of XLA's partitioned module (an async start/done pair counts once).
+
+    Attributes:
+      kind: ``all-reduce``, ``all-gather``, ``reduce-scatter``, ``all-to-all``,
+        ``ragged-all-to-all``, ``collective-permute`` or ``collective-broadcast``.
+      axes: the mesh axes the device groups vary along, in mesh order (``("model",)``);
+        empty when every group is one device.
+      groups: the device groups (partition ids), or ``(source, target)`` pairs for a
+        collective-permute; exact where ``axes`` is coarse (a group over part of an axis).
+      dtype: HLO element type of the first operand (``f32``, ``s32``, ``bf16``, ...).
+      shape: per-device shape of the first operand.
+      bytes_in: per-device bytes of all operands (the shards sent in).
+      bytes_out: per-device bytes of the result (the shard that comes out).
+      name: the instruction's name in the HLO module.
+      parts: ``(bytes_in, bytes_out)`` per operand when XLA combined several collectives into
+        one variadic instruction (its all-reduce/all-gather combiners), else one pair.
+    """
+
+    kind: str
+    axes: tuple[str, ...]
+    groups: tuple[tuple[int, ...], ...]
+    dtype: str
+    shape: tuple[int, ...]
+    bytes_in: int
+    bytes_out: int
+    name: str
+    parts: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class XlaReport:
+    """What XLA made of a sharded module.
+
+    Attributes:
+      numerics: the sharded run against the unsharded reference.
+      collectives: the collectives of the compiled module, in instruction order of the
+        module's computations.
+      memory: per-device sizes in bytes from ``CompiledMemoryStats``, under XLA's names
+        (``argument_size_in_bytes``, ``output_size_in_bytes``, ``temp_size_in_bytes``,
+        ``generated_code_size_in_bytes``, ``alias_size_in_bytes``, ``peak_memory_in_bytes``
+        and the ``host_*`` ones).
+    """
+
+    numerics: Numerics
+    collectives: tuple[XlaCollective, ...]
+    memory: dict[str, int]
+
+
+# ---- the caller's side ------------------------------------------------------------------
+
+
+def run_worker(request: dict[str, Any], *, devices: int, timeout_s: float) -> dict[str, Any]:
+    """Run one request in ``python -m toast.xla`` with ``devices`` host CPU devices.
+
+    Args:
+      request: ``{"mlir": text, "mesh": {"axes": [[name, size], ...]}, "seed": int}`` for a
+        check, or ``{"lower": "module:function", "in_specs": [...], "out_specs": [...],
+        "mesh": {...}}`` for lowering (see ``lower_sharded``).
+      devices: the host CPU device count of the worker's XLA backend.
+      timeout_s: wall-clock limit for the worker, in seconds.
+
+    Returns:
+      The worker's JSON reply.
+
+    Raises:
+      ToastError: the worker failed (the message ends with its last stderr line), timed out,
+        or replied with something that is not JSON.
+    """
+    if devices < 1:
+        raise ToastError(f"the XLA check needs at least 1 device, got {devices}")
+    env = dict(os.environ)
+    flags = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
+    env["XLA_FLAGS"] = " ".join([*flags, f"--xla_force_host_platform_device_count={devices}"])
+    env["JAX_NUM_CPU_DEVICES"] = str(devices)
+    env["JAX_PLATFORMS"] = "cpu"
+    command = [sys.executable, "-m", "toast.xla"]
+    try:
+        done = subprocess.run(command, check=False, input=json.dumps(request), capture_output=True, text=True,
+                              timeout=timeout_s, env=env)
+    except subprocess.TimeoutExpired:
+        raise ToastError(f"XLA check worker timed out after {timeout_s:g} s; raise timeout_s") from None
+    except OSError as err:
+        raise ToastError(f"cannot start the XLA check worker ({sys.executable}): {err.strerror}") from None
+    if done.returncode != 0:
+        lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
+        last = lines[-1] if lines else f"exit status {done.returncode}, no message"
+        raise ToastError(f"XLA check worker failed: {last}")
+    try:
+        reply = json.loads(done.stdout)
+    except json.JSONDecodeError:
+        raise ToastError(f"XLA check worker replied with non-JSON output: {done.stdout[:80]!r}") from None
+    if not isinstance(reply, dict):
+        raise ToastError("XLA check worker replied with JSON that is not an object")
+    return reply
+
+
+def check_sharded_module(mlir_text: str, mesh_axes: Sequence[tuple[str, int]], *, seed: int = 0,
+                         timeout_s: float = 600) -> XlaReport:
+    """Compile, run and inspect an annotated StableHLO module on ``prod(sizes)`` CPU devices.
+
+    Args:
+      mlir_text: StableHLO text with entry function ``@main`` and sharding annotations in the
+        Shardy or GSPMD form JAX prints (see the module docstring).
+      mesh_axes: ``[(name, size), ...]`` in mesh order, e.g. ``[("batch", 4), ("model", 2)]``.
+      seed: seed of the random inputs.
+      timeout_s: wall-clock limit for the worker, in seconds.
+
+    Raises:
+      ToastError: bad mesh, a module XLA rejects, an unsupported construct, or a worker failure.
+    """
+    mesh = _mesh_json(mesh_axes)
+    reply = run_worker({"mlir": mlir_text, "mesh": mesh, "seed": int(seed)},
+                       devices=_device_count(mesh_axes), timeout_s=timeout_s)
+    return report_from_json(reply)
+
+
+def lower_sharded(source: str, mesh_axes: Sequence[tuple[str, int]], *, in_specs: Sequence[Any],
+                  out_specs: Sequence[Any], shardy: bool | None = None, timeout_s: float = 600) -> str:
+    """JAX's own annotated StableHLO text for a ``module:function`` factory on a mesh.
+
+    The factory returns ``(fn, args)`` as ``toast.examples`` do; the worker lowers
+    ``jax.jit(fn, in_shardings=..., out_shardings=...)`` over a ``jax.sharding.Mesh`` of host
+    CPU devices in row-major order, inside ``jax.set_mesh(mesh)`` so that ``fn`` may constrain
+    intermediates with ``jax.lax.with_sharding_constraint(y, PartitionSpec("batch", "model"))``.
+
+    Args:
+      source: ``module:function`` naming the factory, e.g. ``toast.examples.mlp:mlp``.
+      mesh_axes: ``[(name, size), ...]`` in mesh order.
+      in_specs: one partition spec per flattened argument: a list with one entry per
+        dimension, each ``None``, an axis name, or a list of axis names.
+      out_specs: one partition spec per flattened output, in the same form.
+      shardy: print the Shardy form (``True``) or GSPMD form (``False``); ``None`` keeps JAX's
+        default (Shardy in jax 0.10).
+      timeout_s: wall-clock limit for the worker, in seconds.
+
+    Returns:
+      The text of ``lowered.as_text()``.
+    """
+    request = {"lower": source, "mesh": _mesh_json(mesh_axes), "in_specs": list(in_specs),
+               "out_specs": list(out_specs), "shardy": shardy}
+    reply = run_worker(request, devices=_device_count(mesh_axes), timeout_s=timeout_s)
+    return str(reply["mlir"])
+
+
+def report_from_json(reply: dict[str, Any]) -> XlaReport:
+    """The ``XlaReport`` of a check worker's JSON reply."""
+    numerics = reply["numerics"]
+    return XlaReport(
+        numerics=Numerics(match=bool(numerics["match"]), max_abs_error=float(numerics["max_abs_error"]),
+                          outputs=int(numerics["outputs"])),
+        collectives=tuple(
+            XlaCollective(kind=c["kind"], axes=tuple(c["axes"]), groups=tuple(tuple(g) for g in c["groups"]),
+                          dtype=c["dtype"], shape=tuple(c["shape"]), bytes_in=int(c["bytes_in"]),
+                          bytes_out=int(c["bytes_out"]), name=c["name"],
+                          parts=tuple((int(i), int(o)) for i, o in c.get("parts", ())))
+            for c in reply["collectives"]
+        ),
+        memory={str(k): int(v) for k, v in reply["memory"].items()},
+    )
+
+
+def _mesh_json(mesh_axes: Sequence[tuple[str, int]]) -> dict[str, Any]:
+    """``{"axes": [[name, size], ...]}`` after checking names are distinct and sizes positive."""
+    axes = [(str(name), int(size)) for name, size in mesh_axes]
+    if not axes:
+        raise ToastError("the mesh has no axes; give e.g. [('batch', 4), ('model', 2)]")
+    names = [name for name, _ in axes]
+    if len(set(names)) != len(names):
+        raise ToastError(f"mesh axis names repeat: {names}")
+    if any(size < 1 for _, size in axes):
+        raise ToastError(f"mesh axis sizes must be positive: {axes}")
+    return {"axes": [list(axis) for axis in axes]}
+
+
+def _device_count(mesh_axes: Sequence[tuple[str, int]]) -> int:
+    """The number of devices of a mesh: the product of its axis sizes."""
+    return math.prod(int(size) for _, size in mesh_axes)
+
+
+# ---- HLO instruction text (pure; used by the worker, testable anywhere) -------------------
+
+
+@dataclass(frozen=True)
+class HloShape:
+    """An HLO array shape: element type and dimensions (dynamic bounds read as their bound)."""
+
+    dtype: str
+    dims: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of one such array, dense (sub-byte types rounded up to a whole byte)."""
+        bits = _HLO_BITS.get(self.dtype)
+        if bits is None:
+            raise ToastError(f"unknown HLO element type '{self.dtype}'; add it to _HLO_BITS")
+        return (math.prod(self.dims) * bits + 7) // 8
+
+
+@dataclass(frozen=True)
+class HloInstructionText:
+    """What ``_parse_instruction`` reads off one HLO instruction line.
+
+    Attributes:
+      name: instruction name without ``%``.
+      shapes: the result's array shapes, flattened (one for an array, several for a tuple).
+      opcode: the opcode as printed (``all-reduce``).
+      attributes: top-level ``key=value`` attributes after the operand list, values verbatim.
+    """
+
+    name: str
+    shapes: tuple[HloShape, ...]
+    opcode: str
+    attributes: dict[str, str]
+
+
+def _parse_instruction(line: str) -> HloInstructionText:
+    """Parse ``[ROOT] %name = shape opcode(operands), key=value, ...`` (one HLO line)."""
+    match = re.match(r"\s*(?:ROOT\s+)?%?([^\s=]+)\s*=\s*", line)
+    if match is None:
+        raise ToastError(f"cannot read HLO instruction line: {line[:80]!r}")
+    shapes, at = _parse_shape(line, match.end())
+    opcode_match = re.compile(r"\s*([\w\-.]+)\(").match(line, at)
+    if opcode_match is None:
+        raise ToastError(f"cannot find the opcode in HLO line: {line[:80]!r}")
+    close = _skip_balanced(line, opcode_match.end() - 1)
+    return HloInstructionText(name=match.group(1), shapes=tuple(shapes), opcode=opcode_match.group(1),
+                              attributes=_parse_attributes(line[close:]))
+
+
+def _parse_shape(text: str, at: int) -> tuple[list[HloShape], int]:
+    """Parse the shape starting at ``text[at]``; return its flattened arrays and the end."""
+    at = _skip_blank(text, at, " ")
+    if text.startswith("(", at):
+        shapes: list[HloShape] = []
+        at += 1
+        while True:
+            at = _skip_blank(text, at, " ,")
+            if text[at] == ")":
+                return shapes, at + 1
+            inner, at = _parse_shape(text, at)
+            shapes.extend(inner)
+    match = re.compile(r"([a-z][a-z0-9]*)\[([^\]]*)\]").match(text, at)
+    if match is None:
+        raise ToastError(f"cannot read an HLO shape at: {text[at:at + 40]!r}")
+    dims = tuple(int(d.strip().removeprefix("<=")) for d in match.group(2).split(",") if d.strip())
+    at = match.end()
+    if text.startswith("{", at):  # layout
+        at = _skip_balanced(text, at)
+    return [HloShape(match.group(1), dims)], at
+
+
+def _skip_blank(text: str, at: int, blanks: str) -> int:
+    """Index of the first character from ``at`` that is not in ``blanks`` nor in a ``/*...*/``
+    comment (XLA numbers long tuples: ``(f32[2], /*index=5*/f32[2])``)."""
+    while at < len(text):
+        if text[at] in blanks:
+            at += 1
+        elif text.startswith("/*", at):
+            end = text.find("*/", at + 2)
+            if end < 0:
+                raise ToastError(f"unclosed comment in HLO text: {text[at:at + 40]!r}")
+            at = end + 2
+        else:
+            break
+    return at
+
+
+def _skip_balanced(text: str, at: int) -> int:
+    """Index just past the bracket group opening at ``text[at]`` (quotes respected)."""
+    closing = {"(": ")", "[": "]", "{": "}"}
+    stack: list[str] = []
+    quoted = False
+    for i in range(at, len(text)):
+        char = text[i]
+        if quoted:
+            if char == "\\":
+                continue
+            quoted = char != '"'
+        elif char == '"':
+            quoted = True
+        elif char in closing:
+            stack.append(closing[char])
+        elif stack and char == stack[-1]:
+            stack.pop()
+            if not stack:
+                return i + 1
+    raise ToastError(f"unbalanced brackets in HLO text: {text[at:at + 40]!r}")
+
+
+def _parse_attributes(text: str) -> dict[str, str]:
+    """``, key=value, key=value`` (values may nest brackets and quotes) as a dict."""
+    attributes: dict[str, str] = {}
+    at = 0
+    key_pattern = re.compile(r"\s*,\s*([\w.\-]+)=")
+    while True:
+        match = key_pattern.match(text, at)
+        if match is None:
+            return attributes
+        at = start = match.end()
+        while at < len(text) and text[at] != ",":
+            at = _skip_balanced(text, at) if text[at] in "({[\"" else at + 1
+        attributes[match.group(1)] = text[start:at].strip()
+
+
+def _parse_groups(text: str, device_count: int) -> tuple[tuple[int, ...], ...]:
+    """Device groups of ``replica_groups=``/``source_target_pairs=`` text.
+
+    Forms: ``{{0,1},{2,3}}``; ``{}`` (all ``device_count`` devices in one group); the iota form
+    ``[G,S]<=[d0,d1,...]`` or ``[G,S]<=[d0,d1,...]T(p0,p1,...)``: ``arange(prod(d))`` reshaped
+    to ``d``, transposed by ``p``, reshaped to ``G`` groups of ``S``; the mesh-axes form (see
+    ``_mesh_axes_groups``).
+    """
+    import numpy as np
+
+    text = text.strip()
+    if text.startswith("mesh["):
+        return _mesh_axes_groups(text, device_count)
+    iota = re.fullmatch(r"\[([\d,\s]+)\]<=\[([\d,\s]+)\](?:T\(([\d,\s]+)\))?", text)
+    if iota is not None:
+        shape, reshape = (tuple(int(x) for x in g.split(",")) for g in iota.group(1, 2))
+        perm = tuple(int(x) for x in iota.group(3).split(",")) if iota.group(3) else tuple(range(len(reshape)))
+        ids = np.arange(math.prod(reshape)).reshape(reshape).transpose(perm).reshape(shape[0], -1)
+        return tuple(tuple(int(x) for x in row) for row in ids)
+    if re.fullmatch(r"\{\s*\}", text):
+        return (tuple(range(device_count)),)
+    if not (text.startswith("{") and text.endswith("}")):
+        raise ToastError(f"cannot read device groups {text[:60]!r}")
+    groups = re.findall(r"\{([\d,\s]*)\}", text[1:-1])
+    return tuple(tuple(int(x) for x in g.split(",") if x.strip()) for g in groups)
+
+
+def _mesh_axes_groups(text: str, device_count: int) -> tuple[tuple[int, ...], ...]:
+    """Device groups of XLA's mesh-axes replica groups (``MeshAxesReplicaGroupList``).
+
+    Form: ``mesh['a'=4,'b'=1,'c'=2] {'a'}``, with ``, device_ids=(IDS)`` after the ``]`` when
+    the mesh's devices are not in iota order (``IDS`` is ``[r0,r1,...]T(p0,...)`` or an
+    explicit id list), and sub-axes ``'a':(pre)size`` in the braces. XLA's mesh here is its own
+    (names like ``axis_0``), not the user's. A group is every device reached by varying the
+    listed (sub-)axes with the others fixed; a sub-axis ``(pre)size`` of an axis of size ``n``
+    is the middle factor of ``n`` split major-to-minor as ``[pre, size, n / (pre * size)]``.
+    """
+    import numpy as np
+
+    match = re.fullmatch(r"mesh\[([^\]]*)\](?:\s*,\s*device_ids=\((.*)\))?\s*\{([^}]*)\}", text.strip())
+    if match is None:
+        raise ToastError(f"cannot read mesh-axes device groups {text[:80]!r}")
+    axes = re.findall(r"'?([^',=\s]+)'?\s*=\s*(\d+)", match.group(1))
+    names = [name for name, _ in axes]
+    sizes = [int(size) for _, size in axes]
+    count = math.prod(sizes)
+    if count != device_count:
+        raise ToastError(f"mesh-axes device groups over {count} devices, the mesh has {device_count}: {text[:80]!r}")
+    ids = np.arange(count)
+    if match.group(2):
+        listed = [int(x) for x in re.findall(r"\d+", match.group(2).split("]")[0])]
+        transpose = re.search(r"T\(([\d,\s]+)\)", match.group(2))
+        if len(listed) == count and sorted(listed) == list(range(count)):
+            ids = np.array(listed)  # explicit ids (never a valid reshape: it holds a 0)
+        else:
+            perm = [int(x) for x in transpose.group(1).split(",")] if transpose else list(range(len(listed)))
+            ids = np.arange(count).reshape(listed).transpose(perm).reshape(-1)
+    refs = []
+    for ref in (r.strip() for r in match.group(3).split(",") if r.strip()):
+        parsed = re.fullmatch(r"'?([^':]+)'?(?::\((\d+)\)(\d+))?", ref)
+        if parsed is None or parsed.group(1) not in names:
+            raise ToastError(f"cannot read mesh axis '{ref}' in device groups {text[:80]!r}")
+        axis = names.index(parsed.group(1))
+        pre, size = (int(parsed.group(2)), int(parsed.group(3))) if parsed.group(2) else (1, sizes[axis])
+        refs.append((axis, pre, size))
+    # Split each axis at its sub-axes' boundaries: factors of the axis, major to minor.
+    bounds = [sorted({1, n, *(b for a, pre, size in refs if a == axis for b in (pre, pre * size))})
+              for axis, n in enumerate(sizes)]
+    factors, first = [], []
+    for axis_bounds in bounds:
+        first.append(len(factors))
+        factors.extend(hi // lo for lo, hi in itertools.pairwise(axis_bounds))
+    grouped = [first[a] + i for a, pre, size in refs
+               for i, (lo, hi) in enumerate(itertools.pairwise(bounds[a])) if pre <= lo and hi <= pre * size]
+    kept = [i for i in range(len(factors)) if i not in grouped]
+    group_size = math.prod(factors[i] for i in grouped)
+    table = ids.reshape(factors or [1]).transpose(kept + grouped).reshape(-1, group_size)
+    return tuple(tuple(int(x) for x in row) for row in table)
+
+
+def _group_axes(groups: Sequence[Sequence[int]], mesh_axes: Sequence[tuple[str, int]]) -> tuple[str, ...]:
+    """Mesh axes along which the members of some group differ (partition ids, row-major mesh)."""
+    import numpy as np
+
+    sizes = tuple(size for _, size in mesh_axes)
+    varying = [False] * len(sizes)
+    for group in groups:
+        if any(not 0 <= device < math.prod(sizes) for device in group):
+            raise ToastError(f"device group {list(group)} has ids outside the mesh of {math.prod(sizes)} devices")
+        coords = np.array(np.unravel_index(np.asarray(group, dtype=np.int64), sizes)).reshape(len(sizes), -1)
+        for axis in range(len(sizes)):
+            varying[axis] |= bool(len(np.unique(coords[axis])) > 1)
+    return tuple(name for (name, _), vary in zip(mesh_axes, varying) if vary)
+
+
+# ---- the worker's side --------------------------------------------------------------------
+
+
+def _serve(request: dict[str, Any]) -> dict[str, Any]:
+    """Dispatch one request (``lower`` or a check of ``mlir``)."""
+    mesh_axes = [(str(name), int(size)) for name, size in request["mesh"]["axes"]]
+    if "lower" in request:
+        return _lower(request, mesh_axes)
+    if "mlir" in request:
+        return _check(str(request["mlir"]), mesh_axes, seed=int(request.get("seed", 0)))
+    raise ToastError("worker request has neither 'mlir' nor 'lower'")
+
+
+def _mesh_devices(mesh_axes: Sequence[tuple[str, int]]) -> list[Any]:
+    """The first ``prod(sizes)`` host CPU devices (partition order)."""
+    import jax
+
+    count = _device_count(mesh_axes)
+    devices = jax.devices("cpu")
+    if len(devices) < count:
+        raise ToastError(f"the worker has {len(devices)} CPU devices, the mesh needs {count}")
+    return devices[:count]
+
+
+def _lower(request: dict[str, Any], mesh_axes: Sequence[tuple[str, int]]) -> dict[str, Any]:
+    """Lower a ``module:function`` factory with ``jax.jit`` shardings over a host mesh."""
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    from toast.frontend.loading import resolve_factory
+
+    if request.get("shardy") is not None:
+        jax.config.update("jax_use_shardy_partitioner", bool(request["shardy"]))
+    source = str(request["lower"])
+    fn, args = resolve_factory(source)()
+    mesh = Mesh(np.array(_mesh_devices(mesh_axes)).reshape([s for _, s in mesh_axes]), [n for n, _ in mesh_axes])
+
+    def sharding(spec: Sequence[Any]) -> Any:
+        parts = [tuple(p) if isinstance(p, list) else p for p in spec]
+        return NamedSharding(mesh, PartitionSpec(*parts))
+
+    in_specs, out_specs = list(request["in_specs"]), list(request["out_specs"])
+    if len(in_specs) != len(jax.tree.leaves(tuple(args))):
+        raise ToastError(f"{source}: {len(in_specs)} in_specs for {len(jax.tree.leaves(tuple(args)))} arguments")
+    with jax.set_mesh(mesh):  # bare PartitionSpecs in with_sharding_constraint refer to it
+        out_tree = jax.tree.structure(jax.eval_shape(fn, *args))
+        if len(out_specs) != out_tree.num_leaves:
+            raise ToastError(f"{source}: {len(out_specs)} out_specs for {out_tree.num_leaves} outputs")
+        in_shardings = jax.tree.unflatten(jax.tree.structure(tuple(args)), [sharding(s) for s in in_specs])
+        out_shardings = jax.tree.unflatten(out_tree, [sharding(s) for s in out_specs])
+        lowered = jax.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings).lower(*args)
+    return {"mlir": lowered.as_text()}
+
+
+def _check(text: str, mesh_axes: Sequence[tuple[str, int]], *, seed: int) -> dict[str, Any]:
+    """Compile sharded and unsharded, run both, list collectives and memory."""
+    from jax.interpreters import mlir as jax_mlir
+    from jaxlib.mlir import ir
+
+    devices = _mesh_devices(mesh_axes)
+    context = jax_mlir.make_ir_context()
+    try:
+        module = ir.Module.parse(text, context=context)
+    except ir.MLIRError as err:
+        raise ToastError(f"cannot parse the StableHLO module: {_first_line(err)}") from None
+    with context:
+        shardy = _uses_shardy(module)
+        _check_mesh(module, mesh_axes)
+        signature = _main_signature(module)
+        reference_text = _strip_shardings(module)
+    inputs = _random_inputs(signature[0], seed=seed)
+    sharded = _compile(text, devices, shardy=shardy)
+    reference = _compile(reference_text, devices[:1], shardy=False)
+    expected = [out[0] for out in _execute(reference, devices[:1], inputs)]
+    numerics = _compare(_execute(sharded, devices, inputs), expected, sharded.get_output_shardings(), devices)
+    stats = sharded.get_compiled_memory_stats()
+    memory = {name: int(getattr(stats, name)) for name in dir(stats)
+              if name.endswith("_in_bytes") and isinstance(getattr(stats, name), int)}
+    collectives = [c for hlo in sharded.hlo_modules() for c in _collectives(hlo, mesh_axes)]
+    return {"numerics": numerics, "collectives": [dataclasses.asdict(c) for c in collectives], "memory": memory}
+
+
+def _first_line(err: BaseException) -> str:
+    """The first non-empty line of an exception's message."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return lines[0] if lines else type(err).__name__
+
+
+def _walk(operation: Any) -> Iterator[Any]:
+    """Every operation nested in ``operation`` (pre-order), itself excluded."""
+    for region in operation.regions:
+        for block in region:
+            for op in block:
+                yield op.operation
+                yield from _walk(op.operation)
+
+
+def _uses_shardy(module: Any) -> bool:
+    """Whether the module carries Shardy (``sdy.``) ops or attributes."""
+    for op in _walk(module.operation):
+        if op.name.startswith("sdy.") or "sdy.sharding" in op.attributes:
+            return True
+        if any(key in op.attributes and "#sdy." in str(op.attributes[key]) for key in ("arg_attrs", "res_attrs")):
+            return True
+    return False
+
+
+def _check_mesh(module: Any, mesh_axes: Sequence[tuple[str, int]]) -> None:
+    """The module's partition count and ``sdy.mesh`` axes agree with ``mesh_axes``."""
+    from jaxlib.mlir import ir
+
+    attrs = module.operation.attributes
+    count = _device_count(mesh_axes)
+    if "mhlo.num_partitions" in attrs and ir.IntegerAttr(attrs["mhlo.num_partitions"]).value != count:
+        partitions = ir.IntegerAttr(attrs["mhlo.num_partitions"]).value
+        raise ToastError(f"the module is partitioned for {partitions} devices, the mesh has {count}")
+    for op in _walk(module.operation):
+        if op.name != "sdy.mesh":
+            continue
+        printed = str(op.attributes["mesh"])
+        axes = [(name, int(size)) for name, size in re.findall(r'"([^"]+)"=(\d+)', printed)]
+        if axes and "device_ids" in printed:
+            raise ToastError(f"sdy.mesh with explicit device_ids is not supported: {printed}")
+        if axes and axes != list(mesh_axes):
+            raise ToastError(f"the module's mesh {axes} differs from the requested mesh {list(mesh_axes)}")
+
+
+def _main_func(module: Any) -> Any:
+    """The ``func.func @main`` operation."""
+    from jaxlib.mlir import ir
+
+    for op in module.body:
+        if op.operation.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == "main":
+            return op.operation
+    raise ToastError("the module has no entry function @main")
+
+
+def _main_signature(module: Any) -> tuple[list[tuple[tuple[int, ...], str]], list[tuple[tuple[int, ...], str]]]:
+    """``@main``'s (arguments, results), each ``[(shape, mlir element type), ...]``."""
+    from jaxlib.mlir import ir
+
+    function_type = ir.FunctionType(ir.TypeAttr(_main_func(module).attributes["function_type"]).value)
+
+    def describe(types: Sequence[Any]) -> list[tuple[tuple[int, ...], str]]:
+        described = []
+        for t in types:
+            try:
+                tensor = ir.RankedTensorType(t)
+            except ValueError:
+                raise ToastError(f"@main has a non-tensor argument or result of type {t}") from None
+            if not tensor.has_static_shape:
+                raise ToastError(f"@main has a dynamic shape {t}; only static shapes can be run")
+            described.append((tuple(tensor.shape), str(tensor.element_type)))
+        return described
+
+    return describe(function_type.inputs), describe(function_type.results)
+
+
+_DROPPED_ATTRIBUTES = ("sdy.sharding", "mhlo.sharding", "sdy.sharding_rule")
+
+
+def _strip_shardings(module: Any) -> str:
+    """The module's text with every sharding annotation removed, for 1 device.
+
+    Pass-through annotations (``sdy.sharding_constraint``, ``sdy.reshard``, ``custom_call
+    @Sharding``) are replaced by their operand; ``sdy.mesh`` and ``sdy.sharding_group`` are
+    dropped; ``sdy.sharding``/``mhlo.sharding`` attributes go; ``mhlo.num_partitions`` becomes
+    1. Manual computations (shard_map) are refused. The parsed module is changed in place.
+    """
+    from jaxlib.mlir import ir
+
+    for op in list(_walk(module.operation)):
+        name = op.name
+        target = ir.StringAttr(op.attributes["call_target_name"]).value if name == "stablehlo.custom_call" else ""
+        if name in ("sdy.sharding_constraint", "sdy.reshard") or target == "Sharding":
+            op.results[0].replace_all_uses_with(op.operands[0])
+            op.erase()
+        elif name in ("sdy.mesh", "sdy.sharding_group"):
+            op.erase()
+        elif name.startswith("sdy.") or target in ("SPMDFullToShardShape", "SPMDShardToFullShape"):
+            raise ToastError(f"{name} {target} is not supported by the XLA check (only whole-program shardings)")
+        else:
+            for key in _DROPPED_ATTRIBUTES:
+                if key in op.attributes:
+                    del op.attributes[key]
+            for key in ("arg_attrs", "res_attrs"):
+                if key in op.attributes:
+                    op.attributes[key] = _without_shardings(ir.ArrayAttr(op.attributes[key]))
+    attrs = module.operation.attributes
+    if "mhlo.num_partitions" in attrs:
+        attrs["mhlo.num_partitions"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(32), 1)
+    return str(module)
+
+
+def _without_shardings(array: Any) -> Any:
+    """An ``arg_attrs``/``res_attrs`` array with the sharding keys dropped from each dict."""
+    from jaxlib.mlir import ir
+
+    dicts = []
+    for item in array:
+        entries = ir.DictAttr(item)
+        kept = {entries[i].name: entries[i].attr for i in range(len(entries))
+                if entries[i].name not in _DROPPED_ATTRIBUTES}
+        dicts.append(ir.DictAttr.get(kept))
+    return ir.ArrayAttr.get(dicts)
+
+
+def _numpy_dtype(element_type: str) -> Any:
+    """The numpy dtype of an MLIR element type name (``f32``, ``i32``, ``ui8``, ``i1``, ``bf16``)."""
+    import ml_dtypes
+    import numpy as np
+
+    table = {"f64": np.float64, "f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16,
+             "i1": np.bool_, "i8": np.int8, "i16": np.int16, "i32": np.int32, "i64": np.int64,
+             "ui8": np.uint8, "ui16": np.uint16, "ui32": np.uint32, "ui64": np.uint64,
+             "complex<f32>": np.complex64, "complex<f64>": np.complex128}
+    if element_type not in table:
+        raise ToastError(f"@main has an argument of element type {element_type}, which the XLA check cannot fill")
+    return np.dtype(table[element_type])
+
+
+def _random_inputs(arguments: Sequence[tuple[tuple[int, ...], str]], *, seed: int) -> list[Any]:
+    """Seeded inputs: floats ``0.1 * N(0, 1)``; integers uniform in ``[0, k)`` where ``k`` is
+    the smallest dimension (>1) of any argument, so that they index any of them; booleans
+    uniform."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    dims = [d for shape, _ in arguments for d in shape if d > 1]
+    high = min(dims) if dims else 2
+    inputs = []
+    for shape, element_type in arguments:
+        dtype = _numpy_dtype(element_type)
+        if dtype == np.bool_:
+            value = rng.integers(0, 2, size=shape).astype(bool)
+        elif np.issubdtype(dtype, np.integer):
+            value = rng.integers(0, high, size=shape).astype(dtype)
+        elif np.issubdtype(dtype, np.complexfloating):
+            value = (0.1 * (rng.standard_normal(shape) + 1j * rng.standard_normal(shape))).astype(dtype)
+        else:
+            value = (0.1 * rng.standard_normal(shape)).astype(dtype)
+        inputs.append(value)
+    return inputs
+
+
+def _compile(text: str, devices: Sequence[Any], *, shardy: bool) -> Any:
+    """``backend.compile_and_load`` of StableHLO text for ``len(devices)`` SPMD partitions."""
+    import numpy as np
+    from jax.errors import JaxRuntimeError
+    from jax.extend.backend import get_backend, get_compile_options
+    from jaxlib import xla_client
+
+    backend = get_backend("cpu")
+    ids = np.array([[d.id for d in devices]])
+    options = get_compile_options(num_replicas=1, num_partitions=len(devices), device_assignment=ids,
+                                           backend=backend)
+    options.executable_build_options.use_shardy_partitioner = shardy
+    try:
+        return backend.compile_and_load(text, xla_client.DeviceList(tuple(devices)), options)
+    except JaxRuntimeError as err:
+        raise ToastError(f"XLA cannot compile the module for {len(devices)} devices: {_first_line(err)}") from None
+
+
+def _execute(executable: Any, devices: Sequence[Any], inputs: Sequence[Any]) -> list[list[Any]]:
+    """Run with ``inputs`` placed by the executable's parameter shardings; per output, the
+    per-device result arrays."""
+    import jax
+    from jax.extend.sharding import GSPMDSharding
+
+    shardings = executable.get_parameter_shardings() if len(devices) > 1 else None
+    arrays = []
+    for index, value in enumerate(inputs):
+        if shardings is None:
+            placement: Any = jax.sharding.SingleDeviceSharding(devices[0])
+        else:
+            placement = GSPMDSharding(tuple(devices), shardings[index])
+        arrays.append(jax.device_put(value, placement))
+    results = executable.execute_sharded(arrays)
+    return results.disassemble_into_single_device_arrays()
+
+
+def _compare(outputs: Sequence[Sequence[Any]], expected: Sequence[Any], shardings: Sequence[Any],
+             devices: Sequence[Any]) -> dict[str, Any]:
+    """Each device's output shard against the reference slice it should hold.
+
+    Args:
+      outputs: per output, the per-device result arrays (``jax.Array`` on one device each).
+      expected: per output, the full reference value.
+      shardings: per output, its ``OpSharding`` over ``devices`` (partition order).
+      devices: the devices of the sharded run.
+
+    Returns:
+      ``{"match", "max_abs_error", "outputs"}`` as in ``Numerics``.
+    """
+    import numpy as np
+    from jax.extend.sharding import GSPMDSharding
+
+    if len(outputs) != len(expected) or len(shardings) != len(expected):
+        raise ToastError(f"the sharded module returns {len(outputs)} outputs, the reference {len(expected)}")
+    match, worst = True, 0.0
+    for output, reference, op_sharding in zip(outputs, expected, shardings):
+        reference = np.asarray(reference)
+        where = GSPMDSharding(tuple(devices), op_sharding).devices_indices_map(reference.shape)
+        tolerance = _TOLERANCES.get(_short_dtype(reference.dtype))
+        # Sharding reorders sums: their rounding error scales with the output's magnitude,
+        # not with each element's, so the absolute tolerance does too.
+        scale = float(np.max(np.abs(reference))) if reference.size and tolerance is not None else 0.0
+        for shard in output:
+            got = np.asarray(shard)
+            want = reference[where[next(iter(shard.devices()))]]
+            if got.shape != want.shape:
+                raise ToastError(f"output shard of shape {got.shape} where the reference slice is {want.shape}")
+            if got.size == 0:
+                continue
+            error = float(np.max(np.abs(got.astype(np.complex128) - want.astype(np.complex128))))
+            worst = max(worst, error)
+            if tolerance is None:
+                match &= bool(np.array_equal(got, want))
+            else:
+                rtol, atol = tolerance
+                match &= bool(np.allclose(got.astype(np.float64), want.astype(np.float64), rtol=rtol,
+                                          atol=atol + rtol * scale, equal_nan=True))
+    return {"match": match, "max_abs_error": worst, "outputs": len(expected)}
+
+
+def _short_dtype(dtype: Any) -> str:
+    """``f32``-style name of a numpy float dtype, else its numpy name."""
+    return {"float64": "f64", "float32": "f32", "float16": "f16", "bfloat16": "bf16"}.get(str(dtype), str(dtype))
+
+
+def _opcode_name(instruction: Any) -> str:
+    """``AllReduce`` for ``HloOpcode.kAllReduce``."""
+    return instruction.opcode.name.removeprefix("k")
+
+
+def _collectives(hlo_module: Any, mesh_axes: Sequence[tuple[str, int]]) -> list[XlaCollective]:
+    """The collectives of a compiled ``HloModule``, each once.
+
+    ``*-done`` instructions are skipped (their ``*-start`` is reported, with the done's result
+    as ``bytes_out``); an ``async-start`` is resolved to its wrapped collective; instruction
+    names (unique in a module) deduplicate the wrapped computation's own copy.
+    """
+    found: dict[str, XlaCollective] = {}
+    for computation in hlo_module.computations():
+        for instruction in computation.instructions():
+            opcode = _opcode_name(instruction)
+            if opcode == "AsyncStart":
+                instruction = instruction.async_wrapped_root()
+                opcode = _opcode_name(instruction)
+            if opcode in _COLLECTIVE_KINDS:
+                name = instruction.name
+                if name not in found:
+                    found[name] = _collective(instruction, opcode, mesh_axes)
+    return list(found.values())
+
+
+def _collective(instruction: Any, opcode: str, mesh_axes: Sequence[tuple[str, int]]) -> XlaCollective:
+    """One ``XlaCollective`` from an HLO instruction (``opcode`` as ``_opcode_name`` gives it)."""
+    parsed = _parse_instruction(instruction.to_string())
+    operands = [shape for operand in instruction.operands()
+                for shape in _parse_instruction(operand.to_string()).shapes]
+    result = parsed.shapes
+    done = _DONE_OF_START.get(opcode)
+    if done is not None:
+        users = [user for user in instruction.users() if _opcode_name(user) == done]
+        if users:
+            result = _parse_instruction(users[0].to_string()).shapes
+    count = _device_count(mesh_axes)
+    if parsed.attributes.get("replica_groups", "").startswith("mesh[") and "device_ids" in parsed.attributes:
+        # ``mesh[...], device_ids=(...) {axes}``: the comma split one value in two.
+        parsed.attributes["replica_groups"] += ", device_ids=" + parsed.attributes.pop("device_ids")
+    if "source_target_pairs" in parsed.attributes:
+        groups = _parse_groups(parsed.attributes["source_target_pairs"], count)
+    else:
+        groups = _parse_groups(parsed.attributes.get("replica_groups", "{}"), count)
+    first = operands[0] if operands else (result[0] if result else HloShape("token", ()))
+    return XlaCollective(
+        kind=_COLLECTIVE_KINDS[opcode],
+        axes=_group_axes(groups, mesh_axes),
+        groups=groups,
+        dtype=first.dtype,
+        shape=first.dims,
+        bytes_in=sum(s.nbytes for s in operands),
+        bytes_out=sum(s.nbytes for s in result),
+        name=parsed.name,
+        parts=(tuple((i.nbytes, o.nbytes) for i, o in zip(operands, result)) if len(operands) == len(result)
+               else ((sum(s.nbytes for s in operands), sum(s.nbytes for s in result)),)),
+    )
+
+
+def main() -> None:
+    """Worker entry: one JSON request on stdin, one JSON reply on stdout, errors on stderr."""
+    reply_stream = sys.stdout
+    sys.stdout = sys.stderr  # keep stray prints of user code out of the reply
+    try:
+        request = json.load(sys.stdin)
+        reply = _serve(request)
+    except ToastError as err:
+        print(str(err), file=sys.stderr)
+        sys.exit(2)
+    except Exception as err:  # noqa: BLE001 - anything else, reported as one line with its type
+        print(f"{type(err).__name__}: {_first_line(err)}", file=sys.stderr)
+        sys.exit(1)
+    json.dump(reply, reply_stream)
+    reply_stream.flush()
+
+
+if __name__ == "__main__":
+    main()
