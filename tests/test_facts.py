@@ -48,3 +48,41 @@ def test_dot_general_free_dims_follow_batch_dims():
     # Names: one per definition dim, then one per use dim.
     assert names.count == len(facts["def_dim"]) + len(facts["use_dim"])
     assert len({row[0] for row in facts["def_dim"] + facts["use_dim"]}) == names.count
+
+
+def test_a_malformed_attribute_is_an_error_not_dropped_rows():
+    """zip(strict=True): a dot_general whose lhs has two batch dims and rhs one must not lose a
+    row silently."""
+    import dataclasses
+
+    from toast.errors import InputError
+
+    def f(a, b):
+        return jnp.einsum("bij,bjk->bik", a, b)
+
+    program = read_callable(f, [jax.ShapeDtypeStruct((2, 3, 4), jnp.float32),
+                                jax.ShapeDtypeStruct((2, 4, 5), jnp.float32)])
+    dot = next(op for op in program.ops if op.kind == "stablehlo.dot_general")
+    numbers = dict(dot.attr("dot_dimension_numbers"), lhs_batching_dimensions=(0, 1))
+    broken = dataclasses.replace(dot, attrs=tuple((k, numbers if k == "dot_dimension_numbers" else v)
+                                                  for k, v in dot.attrs))
+    ops = tuple(broken if op.id == dot.id else op for op in program.ops)
+    with pytest.raises(InputError, match="dot_general has malformed attributes"):
+        program_facts(dataclasses.replace(program, ops=ops))
+
+
+def test_uses_are_numbered_once_for_every_stage():
+    """The numbering the facts carry is the one later stages look up (DimensionNames)."""
+
+    def f(a, b):
+        return a @ b + 1.0
+
+    program = read_callable(f, [jax.ShapeDtypeStruct((3, 4), jnp.float32), jax.ShapeDtypeStruct((4, 5), jnp.float32)])
+    facts, names = program_facts(program)
+    for op_id, operand, use_id, value_id in facts["operand"]:
+        assert names.use_id(op_id, operand) == use_id
+        site = names.use_sites[use_id]
+        assert (site.op, site.operand, site.value) == (op_id, operand, value_id)
+        rank = len(program.values[value_id].shape)
+        assert [r for r in facts["use_dim"] if r[1] == use_id] == [
+            (names.use_name(op_id, operand, d), use_id, d) for d in range(rank)]

@@ -34,8 +34,10 @@ def project_root() -> Path:
     return resource_dir("rules").parent
 
 
-def template(name: str, **options: bool) -> jinja2.Template:
+def template(name: str, *, trim_blocks: bool = False, lstrip_blocks: bool = False,
+             keep_trailing_newline: bool = False) -> jinja2.Template:
     """A Jinja2 template of ``templates/`` (undefined variables are errors)."""
     environment = jinja2.Environment(loader=jinja2.FileSystemLoader(resource_dir("templates")),
-                                     undefined=jinja2.StrictUndefined, **options)
+                                     undefined=jinja2.StrictUndefined, trim_blocks=trim_blocks,
+                                     lstrip_blocks=lstrip_blocks, keep_trailing_newline=keep_trailing_newline)
     return environment.get_template(name)

@@ -4,8 +4,9 @@ compatibility sets and resolution groups, built by ``toast.analysis.conflicts``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,11 +21,10 @@ heuristic are oriented alike, so one bit picks the same resolution in all of the
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
-from toast.facts.numbering import DimensionNames
 from toast.analysis.conflict_types import (
     Box,
     ColorConflict,
@@ -37,6 +36,7 @@ from toast.analysis.conflict_types import (
 )
 from toast.analysis.dimension_graph import NodeGraph
 from toast.analysis.layers import group_isomorphic
+from toast.facts.numbering import DimensionNames
 from toast.frontend.ir import Program
 
 Facts = dict[str, list[tuple]]
@@ -127,7 +127,7 @@ def build_conflicts(program: Program, names: DimensionNames, color_of: np.ndarra
         return root, (parity[path[0]] if path else 0)
 
     contradicting = 0
-    for (first, second, flipped, *_), is_crossed in zip(boxes, crossed):
+    for (first, second, flipped, *_), is_crossed in zip(boxes, crossed, strict=True):
         if is_crossed or first == second:
             continue
         root_a, parity_a = find(first)
@@ -148,9 +148,9 @@ def build_conflicts(program: Program, names: DimensionNames, color_of: np.ndarra
     set_of = [0] * len(conflicts)
     for set_id, root in enumerate(sorted(members)):
         ids = members[root]
-        first = conflicts[ids[0]].sites[0]
+        first_site = conflicts[ids[0]].sites[0]
         # Resolution 0 shards the first conflict's endpoint holding its smaller dim there.
-        pick_first = 0 if first.dims[0] < first.dims[1] else 1
+        pick_first = 0 if first_site.dims[0] < first_site.dims[1] else 1
         sharded_by_0 = tuple(pick_first ^ orientation[c] ^ orientation[ids[0]] for c in ids)
         sets.append(CompatibilitySet(set_id, tuple(ids), sharded_by_0))
         for c in ids:
@@ -177,7 +177,7 @@ def build_conflicts(program: Program, names: DimensionNames, color_of: np.ndarra
         "resolution_bits": len(groups),
     }
     found_boxes = tuple(sorted({Box(first, second, bool(flipped), is_crossed)
-                                for (first, second, flipped, *_), is_crossed in zip(boxes, crossed)},
+                                for (first, second, flipped, *_), is_crossed in zip(boxes, crossed, strict=True)},
                                key=lambda b: (b.def_conflict, b.use_conflict, b.flipped)))
     return Conflicts(color_conflicts, conflicts, tuple(sets), groups, found_boxes, tuple(set_of),
                      tuple(group_of), invalid, stats)

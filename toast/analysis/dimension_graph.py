@@ -6,7 +6,7 @@ check of the box heuristic (section 3.5) walks it.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,7 +26,7 @@ class NodeGraph:
 
     @staticmethod
     def of(color_of: np.ndarray, node_of: np.ndarray, m_edges: Sequence[tuple[int, int]], *,
-           colors: set[int]) -> "NodeGraph":
+           colors: set[int]) -> NodeGraph:
         """The nodes and M edges of ``colors`` (an M edge never leaves its color)."""
         if not colors or not m_edges:
             return NodeGraph({})
@@ -58,7 +58,7 @@ class NodeGraph:
         # Condensed DAG and a topological order (Kahn).
         condensed: dict[int, set[int]] = defaultdict(set)
         indegree = [0] * count
-        for s, t in zip(sources, targets):
+        for s, t in zip(sources, targets, strict=True):
             cs, ct = int(component[s]), int(component[t])
             if cs != ct and ct not in condensed[cs]:
                 condensed[cs].add(ct)

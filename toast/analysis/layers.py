@@ -16,7 +16,7 @@ different program order are not grouped (they keep separate bits).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from toast.analysis.conflict_types import CompatibilitySet, Conflict, ConflictSite
 from toast.analysis.dimension_graph import NodeGraph
@@ -29,7 +29,7 @@ def canonical_form(program: Program, conflicts: Sequence[Conflict], group_set: C
     is ``producer_kinds(program)``."""
     endpoint_of: dict[int, tuple[int, int]] = {}
     labels = []
-    for position, (conflict_id, sharded) in enumerate(zip(group_set.conflicts, group_set.sharded_by_0)):
+    for position, (conflict_id, sharded) in enumerate(zip(group_set.conflicts, group_set.sharded_by_0, strict=True)):
         conflict = conflicts[conflict_id]
         ordered = (conflict.nodes[sharded], conflict.nodes[1 - sharded])
         for endpoint, node in enumerate(ordered):

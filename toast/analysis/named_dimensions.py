@@ -10,22 +10,23 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
-from toast.frontend.loading import load_program
 from toast.analysis.classes import union_find
 from toast.analysis.conflicts import Conflicts, build_conflicts, conflict_facts
 from toast.datalog.engine import EngineName, evaluate, pick_engine
+from toast.datalog.variants import assemble, load_variant
 from toast.errors import ToastError
 from toast.facts.numbering import DimensionNames
+from toast.facts.schema import CONFLICTS, NDA
 from toast.facts.writer import program_facts
 from toast.frontend.ir import Program
-from toast.facts.schema import CONFLICTS, NDA
-from toast.datalog.variants import assemble, load_variant
+from toast.frontend.loading import load_program
 from toast.resources import project_root
 
 

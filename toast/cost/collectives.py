@@ -26,16 +26,26 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from toast.errors import ToastError
+from toast.frontend.ir import Value
 from toast.sharding.state import ShardingModel, ShardingState
 
-DTYPE_BYTES = {"f64": 8, "f32": 4, "f16": 2, "bf16": 2, "i64": 8, "i32": 4, "i16": 2, "i8": 1, "i1": 1,
-               "ui64": 8, "ui32": 4, "ui16": 2, "ui8": 1, "f8E4M3FN": 1, "f8E5M2": 1, "complex<f32>": 8,
-               "complex<f64>": 16}
 
+def storage_bits(value: Value) -> int:
+    """Bits one element of ``value`` occupies in device memory: its MLIR width (``Value.bits``:
+    4 for ``i4``, 8 for ``f8E4M3FN``), except that a boolean (``i1``) takes a byte, as XLA stores
+    ``pred``. Sub-byte types are packed (two ``i4`` per byte), as XLA packs them on GPU and TPU.
 
-def dtype_bytes(dtype: str) -> int:
-    """Bytes of one element of a StableHLO element type (4 for types not listed)."""
-    return DTYPE_BYTES.get(dtype, 4)
+    Raises:
+      ToastError: an element type without a width (quantized or opaque), which the cost
+        model cannot price.
+    """
+    if not value.dtype:
+        return 0  # a token: no data
+    if value.bits <= 0:
+        raise ToastError(f"{value.name}{' at ' + value.loc if value.loc else ''}: the cost model cannot price element "
+                         f"type {value.dtype} (no bit width); give the program plain integer or float types")
+    return 8 if value.bits == 1 else value.bits
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +111,7 @@ class CommunicationModel:
         for op_id, _, value_id, first, rank in self.use_sites:
             self.uses_of_value.setdefault(value_id, []).append((op_id, first, rank))
         self.use_site_starts = np.asarray([s[3] - defs for s in self.use_sites], dtype=np.int64)
-        self.element_bytes = np.asarray([dtype_bytes(v.dtype) for v in program.values], dtype=np.int64)
+        self.element_bits = np.asarray([storage_bits(v) for v in program.values], dtype=np.int64)
         self._value_starts = np.asarray([names.def_base[v.id] for v in program.values if v.shape], dtype=np.int64)
         self._ranked_values = np.asarray([v.id for v in program.values if v.shape], dtype=np.int64)
 
@@ -110,10 +120,10 @@ class CommunicationModel:
         model = self.model
         defs = len(model.analysis.names.defs)
         local = model.name_size[:defs] // model.devices_of_mask[state.masks[:defs]]
-        elements = np.ones(len(self.element_bytes), dtype=np.int64)
+        elements = np.ones(len(self.element_bits), dtype=np.int64)
         if len(self._value_starts):
             elements[self._ranked_values] = np.multiply.reduceat(local, self._value_starts)
-        return elements * self.element_bytes
+        return (elements * self.element_bits + 7) // 8  # whole bytes: packed sub-byte elements
 
     def collectives(self, state: ShardingState) -> list[Collective]:
         """Every collective the state needs: partial results first, then uses, each in op order."""

@@ -20,7 +20,6 @@ from pathlib import Path
 from toast.errors import ToastError
 from toast.resources import resource_dir
 
-
 _TOP_KEYS = ("name", "description", "compute", "memory", "interconnect")
 _MEMORY_KEYS = ("hbm_bytes", "hbm_bandwidth", "sources")
 _LEVEL_KEYS = ("level", "devices", "bandwidth", "latency", "sources")

@@ -26,7 +26,7 @@ memory, else 0.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -162,9 +162,9 @@ class CostModel:
             devices = model.devices_of_mask[masks[self.flop_names]]
             local = (model.name_size[self.flop_names] // devices).astype(np.float64)
             flops = 2.0 * np.multiply.reduceat(local, self.flop_starts)
-            seconds = flops / self.peaks
-            op_time[self.matmul_ops] += seconds
-            compute = float(seconds.sum())
+            matmul_seconds = flops / self.peaks
+            op_time[self.matmul_ops] += matmul_seconds
+            compute = float(matmul_seconds.sum())
         collectives = self.communication.collectives(state)
         communication: dict[str, float] = {}
         for collective in collectives:
@@ -196,7 +196,7 @@ class CostModel:
         costly |= {op.id for op in program.ops if reduced_values.intersection(op.operands)}
         return sorted(costly)
 
-    def _costly_predecessors(self, producer: list[int]) -> list[tuple[int, ...]]:
+    def _costly_predecessors(self, producer: Sequence[int]) -> list[tuple[int, ...]]:
         """For each costly op, the nearest costly ops upstream (through free ops)."""
         costly = set(self.costly)
         frontier: list[frozenset[int]] = []
@@ -214,7 +214,7 @@ class CostModel:
         finish: dict[int, float] = {}
         times = op_time[self.costly].tolist()
         best = 0.0
-        for op_id, waits, seconds in zip(self.costly, self.waits_for, times):
+        for op_id, waits, seconds in zip(self.costly, self.waits_for, times, strict=True):
             done = max([finish[p] for p in waits], default=0.0) + seconds
             finish[op_id] = done
             best = max(best, done)

@@ -40,7 +40,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 from pyDatalog import pyDatalog, pyEngine
 
@@ -63,7 +63,7 @@ from toast.errors import EngineError
 
 __all__ = ["run_embedded", "run_embedded_file"]
 
-Value = Union[int, str]
+Value = int | str
 Row = tuple[Value, ...]
 
 _NUMBER_MIN, _NUMBER_MAX = -(2**31), 2**31 - 1
@@ -131,7 +131,7 @@ def _input_rows(program: Program, name: str, rows: Iterable[Sequence[Any]]) -> s
                 f"embedded engine: row {tuple(row)!r} of '{name}' has {len(row)} values, expected {decl.arity}"
             )
         try:
-            converted.add(tuple(convert(value) for convert, value in zip(converters, row)))
+            converted.add(tuple(convert(value) for convert, value in zip(converters, row, strict=True)))
         except (TypeError, ValueError) as err:
             raise EngineError(f"embedded engine: row {tuple(row)!r} of '{name}': {err}") from None
     return converted
@@ -207,7 +207,7 @@ class _Table:
         self._asserted |= assert_facts
         for row in rows:
             self.rows.add(row)
-            for column, value in zip(self._columns, row):
+            for column, value in zip(self._columns, row, strict=True):
                 column.add(value)
             if assert_facts:
                 pyEngine.assert_(self._fact(pred, row))
@@ -428,7 +428,7 @@ class _Compare:
     location: SourceLocation
 
 
-_Goal = Union[_Positive, _Negative, _Compare]
+_Goal = _Positive | _Negative | _Compare
 
 
 class _DivisionByZero(BaseException):
@@ -457,7 +457,7 @@ def _translate(clause: Clause, head_pred: Any, tables: Sequence[_Table | None]) 
             goals.append(_Compare("=", temporary, arg, clause.location))
             arg = temporary
         head_args.append(arg)
-    for literal, table in zip(clause.body, tables):
+    for literal, table in zip(clause.body, tables, strict=True):
         if isinstance(literal, Constraint):
             goals.append(_Compare(literal.op, literal.left, literal.right, literal.location))
             continue

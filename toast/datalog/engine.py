@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Literal
 
 from toast.datalog.souffle import run_souffle, souffle_binary, write_relations
+from toast.datalog.variants import PROGRAM_NAME
 from toast.errors import ToastError
 from toast.facts.schema import Relation, check_rows
-from toast.datalog.variants import PROGRAM_NAME
 
 EngineName = Literal["auto", "souffle", "embedded"]
 

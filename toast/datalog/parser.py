@@ -25,7 +25,6 @@ import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Union
 
 from toast.datalog.preprocess import PreprocessedSource, SourceLocation, preprocess_file, preprocess_text
 from toast.errors import RuleError
@@ -98,7 +97,7 @@ class BinaryOp:
     kind: str = "number"
 
 
-Expr = Union[Variable, Wildcard, NumberConst, StringConst, BinaryOp]
+Expr = Variable | Wildcard | NumberConst | StringConst | BinaryOp
 
 
 @dataclass(frozen=True)
@@ -132,7 +131,7 @@ class Constraint:
     location: SourceLocation
 
 
-Literal = Union[Atom, Negation, Constraint]
+Literal = Atom | Negation | Constraint
 
 
 @dataclass(frozen=True)
@@ -1023,7 +1022,7 @@ class _Typer:
             lit if isinstance(lit, Atom) else lit.atom for lit in clause.body if not isinstance(lit, Constraint)
         ]
         for atom in atoms:
-            for arg, attribute in zip(atom.args, self._relations[atom.relation].attributes):
+            for arg, attribute in zip(atom.args, self._relations[atom.relation].attributes, strict=True):
                 if isinstance(arg, Variable):
                     self._bind(arg.name, attribute.base, atom.location)
         self._propagate_equalities()
@@ -1097,7 +1096,7 @@ class _Typer:
     def _atom(self, atom: Atom) -> Atom:
         """``atom`` with its arguments checked against the column types."""
         columns = self._relations[atom.relation].attributes
-        args = tuple(self._typed(arg, column.base, atom.location) for arg, column in zip(atom.args, columns))
+        args = tuple(self._typed(arg, column.base, atom.location) for arg, column in zip(atom.args, columns, strict=True))
         return replace(atom, args=args)
 
     def _constraint(self, constraint: Constraint) -> Constraint:

@@ -13,8 +13,8 @@ import hashlib
 import os
 import shutil
 import subprocess
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 from toast.errors import EngineError
 
@@ -52,7 +52,7 @@ def read_outputs(directory: Path, types: Mapping[str, Sequence[str]]) -> dict[st
                 fields = line.rstrip("\n").split("\t")
                 if len(fields) != len(converters):
                     raise EngineError(f"{path}: row of {len(fields)} columns, expected {len(converters)}")
-                rows.append(tuple(conv(f) for conv, f in zip(converters, fields)))
+                rows.append(tuple(conv(f) for conv, f in zip(converters, fields, strict=True)))
         results[name] = sorted(rows)
     return results
 

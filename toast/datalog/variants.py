@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from toast.errors import RuleError, ToastError
-from toast.resources import resource_dir, template
 from toast.facts.schema import CONFLICTS, NDA, Stage
+from toast.resources import resource_dir, template
 
 PROGRAM_NAME = "program.dl"
 
@@ -123,7 +123,7 @@ def assemble(variant: Variant, *, user_rules: Path | None = None, stage: Stage =
             elif relative not in variant.rules + variant.conflict_rules and _user_stage(relative) is stage:
                 extra.append(path.resolve())
     for relative in stage_rules:
-        source = (user_rules / relative) if relative in overridden else (resource_dir("rules") / relative)
+        source = (user_rules / relative) if user_rules is not None and relative in overridden else (resource_dir("rules") / relative)
         if not source.is_file():
             raise RuleError(str(source), None, f"rule file of variant '{variant.name}' is missing")
         files.append(source.resolve())

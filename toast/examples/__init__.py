@@ -17,7 +17,8 @@ tuple of ``jax.ShapeDtypeStruct`` pytrees (no memory is allocated).  Lower one w
 from __future__ import annotations
 
 import collections
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["EXAMPLES", "DESCRIPTIONS", "resolve", "load", "op_counts"]
 

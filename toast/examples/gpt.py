@@ -49,6 +49,7 @@ the program is compiled; the op count depends only on ``layers`` and
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -162,6 +163,7 @@ def gpt_train_step(*, layers: int = 2, batch: int = 8, seq: int = 128, d_model: 
         return jax.ShapeDtypeStruct(shape, dtype)
 
     block_shapes = _block_shapes(d_model, d_ff)
+    blocks: Any
     if scan_layers:
         blocks = {k: spec((layers,) + block_shapes[k]) for k in _BLOCK_KEYS}
     else:

@@ -10,11 +10,12 @@ here and the result is a plain fact.
 from __future__ import annotations
 
 import math
-from typing import Iterator
+from collections.abc import Iterator
 
-from toast.frontend.ir import Op, Program
+from toast.errors import InputError
 from toast.facts.numbering import DimensionNames, number_names
 from toast.facts.schema import INPUTS
+from toast.frontend.ir import Op, Program
 
 Facts = dict[str, list[tuple]]
 
@@ -38,8 +39,11 @@ def program_facts(program: Program) -> tuple[Facts, DimensionNames]:
                 facts["block_arg"].append((op.id, region, index, value_id))
         if op.parent is not None and op.kind in ("stablehlo.return", "func.return"):
             facts["region_return"].append((op.parent[0], op.parent[1], op.id))
-        for relation, row in _attribute_facts(op, program):
-            facts[relation].append(row)
+        try:
+            for relation, row in _attribute_facts(op, program):
+                facts[relation].append(row)
+        except (ValueError, KeyError, IndexError) as err:  # zip(strict=True), missing or short attributes
+            raise InputError(f"{op.loc or program.name}: {op.kind} has malformed attributes ({err})") from None
     return facts, names
 
 
@@ -78,7 +82,7 @@ def _attribute_facts(op: Op, program: Program) -> Iterator[tuple[str, tuple]]:
         yield "sort_dim", (op.id, op.attr("dimension", -1) % max(1, len(_shape(program, op, 0))))
     elif kind == "pad":
         for dim, (low, high, interior) in enumerate(zip(
-                op.attr("edge_padding_low", ()), op.attr("edge_padding_high", ()), op.attr("interior_padding", ()))):
+                op.attr("edge_padding_low", ()), op.attr("edge_padding_high", ()), op.attr("interior_padding", ()), strict=True)):
             yield "pad_dim", (op.id, dim, low, high, interior)
     elif kind in ("reduce_window", "select_and_scatter"):
         yield from _windows(op, program)
@@ -96,9 +100,9 @@ def _dot_general(op: Op, program: Program) -> Iterator[tuple[str, tuple]]:
     rhs_batch = numbers.get("rhs_batching_dimensions", ())
     lhs_contract = numbers.get("lhs_contracting_dimensions", ())
     rhs_contract = numbers.get("rhs_contracting_dimensions", ())
-    for out_dim, (lhs, rhs) in enumerate(zip(lhs_batch, rhs_batch)):
+    for out_dim, (lhs, rhs) in enumerate(zip(lhs_batch, rhs_batch, strict=True)):
         yield "dot_batch", (op.id, lhs, rhs, out_dim)
-    for lhs, rhs in zip(lhs_contract, rhs_contract):
+    for lhs, rhs in zip(lhs_contract, rhs_contract, strict=True):
         yield "dot_contract", (op.id, lhs, rhs)
     # Result dims: batch dims, then lhs free dims, then rhs free dims, each in order.
     out_dim = len(lhs_batch)
@@ -135,7 +139,7 @@ def _convolution(op: Op) -> Iterator[tuple[str, tuple]]:
     if feature_groups == 1 and batch_groups == 1:
         yield "conv_out_feature", (op.id, numbers["kernel_output_feature_dimension"], numbers["output_feature_dimension"])
     for lhs, rhs, out in zip(numbers["input_spatial_dimensions"], numbers["kernel_spatial_dimensions"],
-                             numbers["output_spatial_dimensions"]):
+                             numbers["output_spatial_dimensions"], strict=True):
         yield "conv_spatial", (op.id, lhs, rhs, out)
 
 
@@ -153,14 +157,14 @@ def _gather(op: Op, program: Program) -> Iterator[tuple[str, tuple]]:
     offset_dims = numbers.get("offset_dims", ())
     dropped = set(numbers.get("collapsed_slice_dims", ())) | set(numbers.get("operand_batching_dims", ()))
     window_operand_dims = [d for d in range(operand_rank) if d not in dropped]
-    for operand_dim, out_dim in zip(window_operand_dims, offset_dims):
+    for operand_dim, out_dim in zip(window_operand_dims, offset_dims, strict=True):
         yield "gather_offset", (op.id, operand_dim, out_dim, slice_sizes[operand_dim])
     batch_out_dims = [d for d in range(out_rank) if d not in offset_dims]
     for indices_dim, out_dim in zip(_batch_positions(indices_rank, numbers.get("index_vector_dim", indices_rank)),
-                                    batch_out_dims):
+                                    batch_out_dims, strict=True):
         yield "gather_batch", (op.id, indices_dim, out_dim)
     for operand_dim, indices_dim in zip(numbers.get("operand_batching_dims", ()),
-                                        numbers.get("start_indices_batching_dims", ())):
+                                        numbers.get("start_indices_batching_dims", ()), strict=True):
         yield "gather_operand_batch", (op.id, operand_dim, indices_dim)
 
 
@@ -174,14 +178,14 @@ def _scatter(op: Op, program: Program) -> Iterator[tuple[str, tuple]]:
     window_dims = numbers.get("update_window_dims", ())
     dropped = set(numbers.get("inserted_window_dims", ())) | set(numbers.get("input_batching_dims", ()))
     window_input_dims = [d for d in range(input_rank) if d not in dropped]
-    for input_dim, update_dim in zip(window_input_dims, window_dims):
+    for input_dim, update_dim in zip(window_input_dims, window_dims, strict=True):
         yield "scatter_window", (op.id, input_dim, update_dim)
     scatter_update_dims = [d for d in range(update_rank) if d not in window_dims]
     for indices_dim, update_dim in zip(_batch_positions(indices_rank, numbers.get("index_vector_dim", indices_rank)),
-                                       scatter_update_dims):
+                                       scatter_update_dims, strict=True):
         yield "scatter_index", (op.id, indices_dim, update_dim)
     for input_dim, indices_dim in zip(numbers.get("input_batching_dims", ()),
-                                      numbers.get("scatter_indices_batching_dims", ())):
+                                      numbers.get("scatter_indices_batching_dims", ()), strict=True):
         yield "scatter_input_batch", (op.id, input_dim, indices_dim)
 
 

@@ -26,6 +26,9 @@ class Value:
         inlined private functions are prefixed ``@callee#k:`` for the k-th call site).
       shape: static dimension sizes, ``()`` for scalars and for non-tensor values (tokens).
       dtype: element type as MLIR prints it (``f32``, ``i32``), ``""`` for non-tensors.
+      bits: width of one element in bits, as the MLIR type states it (32 for ``f32``, 8 for
+        ``f8E4M3FN``, 4 for ``i4``, 1 for ``i1``, 64 for ``complex<f32>``); 0 for non-tensors
+        and for element types without a width (quantized or opaque types).
       loc: ``file:line`` of the user's Python that created it, ``""`` when unknown.
     """
 
@@ -33,6 +36,7 @@ class Value:
     name: str
     shape: tuple[int, ...]
     dtype: str
+    bits: int
     loc: str
 
 

@@ -9,8 +9,9 @@ spec becomes a callable; it uses the standard library's ``pkgutil.resolve_name``
 from __future__ import annotations
 
 import pkgutil
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from toast.errors import InputError, ToastError
 from toast.frontend import stablehlo

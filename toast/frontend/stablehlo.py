@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from toast.errors import InputError
 from toast.frontend.ir import Op, Program, Value
@@ -136,20 +137,33 @@ def _name_of_location(location: Any) -> str:
     return ""
 
 
-def _shape_and_dtype(mlir_type: Any, *, what: str, where: str) -> tuple[tuple[int, ...], str]:
-    """Static shape and element type; non-tensor types (tokens, tuples) are rank 0."""
+def _tensor_type(mlir_type: Any, *, what: str, where: str) -> tuple[tuple[int, ...], str, int]:
+    """Static shape, element type and element bit width; non-tensor types (tokens, tuples) are
+    rank 0 of width 0."""
     from jaxlib.mlir import ir
 
     if not isinstance(mlir_type, ir.RankedTensorType):
         if isinstance(mlir_type, ir.ShapedType):  # unranked tensor
             raise InputError(f"{where}: {what} has unranked type {mlir_type}; toast needs static shapes")
-        return (), ""
+        return (), "", 0
     if not mlir_type.has_static_shape:
         raise InputError(
             f"{where}: {what} has dynamic shape {mlir_type}; toast needs static shapes "
             "(lower with concrete sizes, e.g. jax.ShapeDtypeStruct)"
         )
-    return tuple(mlir_type.shape), str(mlir_type.element_type)
+    return tuple(mlir_type.shape), str(mlir_type.element_type), element_bits(mlir_type.element_type)
+
+
+def element_bits(element_type: Any) -> int:
+    """Bits of one element as the MLIR type states them (a complex number is two of its
+    parts); 0 for a type without a width (quantized, opaque)."""
+    from jaxlib.mlir import ir
+
+    if isinstance(element_type, ir.ComplexType):
+        return 2 * element_bits(element_type.element_type)
+    if isinstance(element_type, (ir.IntegerType, ir.FloatType)):
+        return int(element_type.width)
+    return 0
 
 
 def decode_attribute(attr: Any) -> Any:
@@ -169,8 +183,8 @@ def decode_attribute(attr: Any) -> Any:
     if isinstance(attr, ir.FlatSymbolRefAttr):
         return attr.value
     if isinstance(attr, ir.DenseIntElementsAttr) and not isinstance(attr, ir.DenseResourceElementsAttr):
-        if len(attr.type.shape) <= 1:
-            return tuple(int(x) for x in attr)
+        if len(ir.ShapedType(attr.type).shape) <= 1:
+            return tuple(int(attr[i]) for i in range(len(attr)))
         return None
     numbers = _DIMENSION_NUMBERS.get(type(attr).__name__)
     if numbers is None:
@@ -289,17 +303,17 @@ class _Reader:
                     label = info if info.startswith("result") else f"result{info}" if info else label
             labels.append(label)
         named: set[int] = set()
-        for value_id, label in zip(results, labels):
+        for value_id, label in zip(results, labels, strict=True):
             if value_id in arguments or value_id in named:
                 continue
             named.add(value_id)
             old = self.values[value_id]
-            self.values[value_id] = Value(old.id, label, old.shape, old.dtype, old.loc)
+            self.values[value_id] = dataclasses.replace(old, name=label)
 
     def _new_value(self, mlir_value: Any, *, name: str, loc: str, what: str) -> int:
         where = loc or self.source
-        shape, dtype = _shape_and_dtype(mlir_value.type, what=what, where=where)
-        value = Value(len(self.values), name, shape, dtype, loc)
+        shape, dtype, bits = _tensor_type(mlir_value.type, what=what, where=where)
+        value = Value(len(self.values), name, shape, dtype, bits, loc)
         self.values.append(value)
         return value.id
 
@@ -321,7 +335,7 @@ class _Reader:
             self._new_value(r, name=prefix + r.get_name(names), loc=loc, what=f"{kind} result {prefix}{r.get_name(names)}")
             for r in mlir_op.results
         )
-        for mlir_result, value_id in zip(mlir_op.results, results):
+        for mlir_result, value_id in zip(mlir_op.results, results, strict=True):
             env[mlir_result] = value_id
         op_id = len(self.ops)
         attrs = self._attributes(mlir_op)
@@ -345,7 +359,7 @@ class _Reader:
                     self._new_value(a, name=prefix + a.get_name(names), loc=loc, what=f"block argument of {kind}")
                     for a in block.arguments
                 )
-                for mlir_arg, value_id in zip(block.arguments, args):
+                for mlir_arg, value_id in zip(block.arguments, args, strict=True):
                     env[mlir_arg] = value_id
                 regions.append(args)
                 self._walk_block(block, env, names, prefix=prefix, parent=(op_id, region_index), depth=depth,
@@ -372,7 +386,7 @@ class _Reader:
             self._new_value(a, name=prefix + a.get_name(names), loc=loc, what=f"argument of @{callee_name}")
             for a in block.arguments
         )
-        for mlir_arg, value_id in zip(block.arguments, args):
+        for mlir_arg, value_id in zip(block.arguments, args, strict=True):
             callee_env[mlir_arg] = value_id
         self._walk_block(block, callee_env, names, prefix=prefix, parent=(op_id, 0), depth=depth + 1, call_loc=loc)
         return args

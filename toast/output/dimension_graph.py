@@ -13,8 +13,8 @@ import subprocess
 import numpy as np
 
 from toast.analysis.named_dimensions import Analysis
-from toast.errors import ToastError
 from toast.analysis.naming import describe_name
+from toast.errors import ToastError
 from toast.resources import template
 
 GRAPHVIZ_HINT = "install Graphviz (e.g. `apt install graphviz`) so that `dot` is on PATH, or use --format dot"
@@ -36,7 +36,7 @@ def dimension_graph_dot(analysis: Analysis, color: int) -> str:
     names = np.flatnonzero(analysis.color_of == color)
     node_of = analysis.node_of
     nodes = sorted({int(n) for n in node_of[names]})
-    sizes = dict(zip(*np.unique(node_of[names], return_counts=True)))
+    sizes = dict(zip(*np.unique(node_of[names], return_counts=True), strict=True))
     conflicts = [c for c in analysis.conflicts.conflicts if c.color == color]
     endpoints = {n for c in conflicts for n in c.nodes}
     m_edges = sorted({

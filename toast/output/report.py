@@ -23,9 +23,8 @@ from __future__ import annotations
 
 from typing import Any
 
-
-from toast.analysis.named_dimensions import Analysis
 from toast.analysis.conflicts import ConflictSite
+from toast.analysis.named_dimensions import Analysis
 from toast.resources import template
 
 
@@ -49,7 +48,7 @@ def to_json(analysis: Analysis) -> dict[str, Any]:
 def conflicts_json(analysis: Analysis) -> dict[str, Any]:
     """The ``color_conflicts``, ``conflicts``, ``compatibility_sets`` and ``resolution_groups``."""
     found = analysis.conflicts
-    conflicts = [
+    conflicts: list[dict[str, Any]] = [
         {
             "id": conflict.id,
             "color": conflict.color,
@@ -65,7 +64,7 @@ def conflicts_json(analysis: Analysis) -> dict[str, Any]:
         for resolution in (0, 1):
             shard = [
                 {"conflict": conflict_id, "endpoint": endpoint, "dim": conflicts[conflict_id]["endpoints"][endpoint]}
-                for conflict_id, endpoint in zip(group_set.conflicts, group_set.sharded_endpoints(resolution))
+                for conflict_id, endpoint in zip(group_set.conflicts, group_set.sharded_endpoints(resolution), strict=True)
             ]
             resolutions.append({"resolution": resolution, "shard": shard})
         sets.append({"id": group_set.id, "conflicts": list(group_set.conflicts),

@@ -18,8 +18,9 @@ one ``toast shard --emit`` writes.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from toast.errors import ToastError
 

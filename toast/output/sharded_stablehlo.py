@@ -19,7 +19,8 @@ body serves every call, and the calls may be sharded differently (XLA propagates
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from toast.cost.collectives import CommunicationModel
 from toast.errors import ToastError
@@ -60,8 +61,8 @@ def sharded_module_text(model: ShardingModel, state: ShardingState, *,
         reread, trace = read_module(module, source=program.name)
         if reread.fingerprint() != program.fingerprint():
             raise ToastError(f"{program.name}: the StableHLO text reads as another program; cannot annotate it")
-        for op in module.body.operations:
-            if op.operation.name == "sdy.mesh" or "sdy.sharding" in op.operation.attributes:
+        for top_op in module.body.operations:
+            if top_op.operation.name == "sdy.mesh" or "sdy.sharding" in top_op.operation.attributes:
                 raise ToastError(f"{program.name}: the module already carries Shardy annotations; give the "
                                  "unsharded program")
         mesh_attr = sdy.MeshAttr.get([sdy.MeshAxisAttr.get(name, size) for name, size in model.mesh.axes])
@@ -72,8 +73,8 @@ def sharded_module_text(model: ShardingModel, state: ShardingState, *,
             dims = [sdy.DimensionShardingAttr.get([sdy.AxisRefAttr.get(a) for a in axes], True) for axes in dim_axes]
             return sdy.TensorShardingAttr.get(MESH_NAME, dims)
 
-        functions = {op.attributes["sym_name"].value: op for op in module.body.operations
-                     if op.operation.name == "func.func"}
+        functions = {ir.StringAttr(f.attributes["sym_name"]).value: f for f in module.body.operations
+                     if f.operation.name == "func.func"}
         entry = entry_function(functions, program.name)
         arg_shardings = [sharding(model.value_axes(state, v)) if program.values[v].shape else None
                          for v in program.arguments]
@@ -85,7 +86,7 @@ def sharded_module_text(model: ShardingModel, state: ShardingState, *,
             ir.IntegerType.get_signless(32), model.mesh.devices)
         module.operation.attributes["mhlo.num_replicas"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(32), 1)
         if constraints:
-            for op, (mlir_op, inside_call) in zip(program.ops, trace):
+            for op, (mlir_op, inside_call) in zip(program.ops, trace, strict=True):
                 if inside_call or op.kind in _UNCONSTRAINED:
                     continue
                 # Operands the op uses sharded unlike their definition: the resharding (gather,
@@ -99,7 +100,7 @@ def sharded_module_text(model: ShardingModel, state: ShardingState, *,
                     with ir.InsertionPoint(mlir_op), mlir_op.location:
                         constraint = sdy.ShardingConstraintOp(mlir_op.operands[operand], sharding(wanted))
                     mlir_op.operands[operand] = constraint.result
-                for mlir_result, value_id in zip(mlir_op.results, op.results):
+                for mlir_result, value_id in zip(mlir_op.results, op.results, strict=True):
                     if not program.values[value_id].shape:
                         continue
                     dim_axes = scattered.get(value_id) or model.value_axes(state, value_id)
@@ -108,7 +109,7 @@ def sharded_module_text(model: ShardingModel, state: ShardingState, *,
                     mlir_result.replace_all_uses_except(constraint.result, constraint.operation)
         if not module.operation.verify():  # pragma: no cover - verify raises on failure
             raise ToastError(f"{program.name}: the annotated module does not verify")
-        return module.operation.get_asm(enable_debug_info=True)
+        return str(module.operation.get_asm(enable_debug_info=True))
 
 
 def _set_attrs(function: Any, key: str, shardings: Sequence[Any]) -> None:
@@ -120,8 +121,9 @@ def _set_attrs(function: Any, key: str, shardings: Sequence[Any]) -> None:
     for index, tensor_sharding in enumerate(shardings):
         attrs = {}
         if old is not None:
-            for named in ir.DictAttr(old[index]):
-                attrs[named.name] = named.attr
+            entry = ir.DictAttr(old[index])
+            for position in range(len(entry)):
+                attrs[entry[position].name] = entry[position].attr
         if tensor_sharding is not None:
             attrs["sdy.sharding"] = tensor_sharding
         entries.append(ir.DictAttr.get(attrs))

@@ -13,8 +13,9 @@ from __future__ import annotations
 import base64
 import json
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -18,13 +18,14 @@ spurious collectives lower it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from toast.cost.collectives import Collective
+from toast.cost.hardware import Hardware
 from toast.cost.model import CostModel
 from toast.output.sharded_stablehlo import sharded_module_text
-from toast.cost.hardware import Hardware
 from toast.sharding.state import ShardingModel, ShardingState
 from toast.xla.worker import Numerics, XlaReport, check_sharded_module
 
@@ -110,7 +111,7 @@ def xla_footprint(memory: dict[str, int]) -> int:
 
 def xla_transfers(report: XlaReport) -> list[Transfer]:
     """XLA's collectives, one per operand of a combined instruction."""
-    found = []
+    found: list[Transfer] = []
     for collective in report.collectives:
         parts = collective.parts or ((collective.bytes_in, collective.bytes_out),)
         found.extend(Transfer(collective.kind, collective.axes, i, o) for i, o in parts)
@@ -182,7 +183,7 @@ def format_agreement(agreement: Agreement) -> str:
              str(r.matched)) for r in agreement.rows]
     widths = [max(len(row[k]) for row in [header, *body]) for k in range(len(header))]
     lines = ["  ".join(cell.ljust(width) if k < 2 else cell.rjust(width) for k, (cell, width) in
-                       enumerate(zip(row, widths))).rstrip() for row in [header, *body]]
+                       enumerate(zip(row, widths, strict=True))).rstrip() for row in [header, *body]]
     numerics = agreement.numerics
     lines.append(f"collectives: {agreement.matched} of {max(agreement.predicted_count, agreement.xla_count)} agree "
                  f"({agreement.agreement:.0%}; predicted {agreement.predicted_count}, XLA {agreement.xla_count})")

@@ -86,14 +86,6 @@ _TOLERANCES: dict[str, tuple[float, float]] = {
     "bf16": (1e-2, 1e-2),
 }
 
-# HLO primitive type -> bits per element.
-_HLO_BITS: dict[str, int] = {
-    "pred": 8, "s2": 2, "u2": 2, "s4": 4, "u4": 4, "s8": 8, "u8": 8, "s16": 16, "u16": 16,
-    "s32": 32, "u32": 32, "s64": 64, "u64": 64, "f16": 16, "bf16": 16, "f32": 32, "f64": 64,
-    "c64": 64, "c128": 128, "f4e2m1fn": 4, "f8e8m0fnu": 8, "f8e3m4": 8, "f8e4m3": 8,
-    "f8e4m3fn": 8, "f8e4m3fnuz": 8, "f8e4m3b11fnuz": 8, "f8e5m2": 8, "f8e5m2fnuz": 8, "token": 0,
-}
-
 # Collective opcode name (``HloOpcode.name`` without the leading ``k``) -> reported kind.
 _COLLECTIVE_KINDS: dict[str, str] = {
     "AllReduce": "all-reduce",
@@ -328,10 +320,20 @@ class HloShape:
     @property
     def nbytes(self) -> int:
         """Bytes of one such array, dense (sub-byte types rounded up to a whole byte)."""
-        bits = _HLO_BITS.get(self.dtype)
-        if bits is None:
-            raise ToastError(f"unknown HLO element type '{self.dtype}'; add it to _HLO_BITS")
-        return (math.prod(self.dims) * bits + 7) // 8
+        return (math.prod(self.dims) * _hlo_bits(self.dtype) + 7) // 8
+
+
+def _hlo_bits(element_type: str) -> int:
+    """Bits of one element of an HLO primitive type. HLO names carry the width: ``s4``, ``u8``,
+    ``bf16``, ``f8e4m3fn``, ``c64`` (the two parts together); ``pred`` is a byte, ``token`` none."""
+    if element_type == "pred":
+        return 8
+    if element_type == "token":
+        return 0
+    width = re.match(r"[a-z]+?(\d+)", element_type)
+    if width is None:
+        raise ToastError(f"unknown HLO element type '{element_type}' (no width in its name)")
+    return int(width.group(1))
 
 
 @dataclass(frozen=True)
@@ -508,7 +510,8 @@ def _mesh_axes_groups(text: str, device_count: int) -> tuple[tuple[int, ...], ..
     # Split each axis at its sub-axes' boundaries: factors of the axis, major to minor.
     bounds = [sorted({1, n, *(b for a, pre, size in refs if a == axis for b in (pre, pre * size))})
               for axis, n in enumerate(sizes)]
-    factors, first = [], []
+    factors: list[int] = []
+    first: list[int] = []
     for axis_bounds in bounds:
         first.append(len(factors))
         factors.extend(hi // lo for lo, hi in itertools.pairwise(axis_bounds))
@@ -532,7 +535,7 @@ def _group_axes(groups: Sequence[Sequence[int]], mesh_axes: Sequence[tuple[str, 
         coords = np.array(np.unravel_index(np.asarray(group, dtype=np.int64), sizes)).reshape(len(sizes), -1)
         for axis in range(len(sizes)):
             varying[axis] |= bool(len(np.unique(coords[axis])) > 1)
-    return tuple(name for (name, _), vary in zip(mesh_axes, varying) if vary)
+    return tuple(name for (name, _), vary in zip(mesh_axes, varying, strict=True) if vary)
 
 
 # ---- the worker's side --------------------------------------------------------------------
@@ -581,9 +584,10 @@ def _lower(request: dict[str, Any], mesh_axes: Sequence[tuple[str, int]]) -> dic
     if len(in_specs) != len(jax.tree.leaves(tuple(args))):
         raise ToastError(f"{source}: {len(in_specs)} in_specs for {len(jax.tree.leaves(tuple(args)))} arguments")
     with jax.set_mesh(mesh):  # bare PartitionSpecs in with_sharding_constraint refer to it
-        out_tree = jax.tree.structure(jax.eval_shape(fn, *args))
-        if len(out_specs) != out_tree.num_leaves:
-            raise ToastError(f"{source}: {len(out_specs)} out_specs for {out_tree.num_leaves} outputs")
+        out_shapes = jax.eval_shape(fn, *args)
+        out_tree, outputs = jax.tree.structure(out_shapes), len(jax.tree.leaves(out_shapes))
+        if len(out_specs) != outputs:
+            raise ToastError(f"{source}: {len(out_specs)} out_specs for {outputs} outputs")
         in_shardings = jax.tree.unflatten(jax.tree.structure(tuple(args)), [sharding(s) for s in in_specs])
         out_shardings = jax.tree.unflatten(out_tree, [sharding(s) for s in out_specs])
         lowered = jax.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings).lower(*args)
@@ -836,7 +840,7 @@ def _compare(outputs: Sequence[Sequence[Any]], expected: Sequence[Any], sharding
     if len(outputs) != len(expected) or len(shardings) != len(expected):
         raise ToastError(f"the sharded module returns {len(outputs)} outputs, the reference {len(expected)}")
     match, worst = True, 0.0
-    for output, reference, op_sharding in zip(outputs, expected, shardings):
+    for output, reference, op_sharding in zip(outputs, expected, shardings, strict=True):
         reference = np.asarray(reference)
         where = GSPMDSharding(tuple(devices), op_sharding).devices_indices_map(reference.shape)
         tolerance = _TOLERANCES.get(_short_dtype(reference.dtype))
@@ -921,7 +925,7 @@ def _collective(instruction: Any, opcode: str, mesh_axes: Sequence[tuple[str, in
         bytes_in=sum(s.nbytes for s in operands),
         bytes_out=sum(s.nbytes for s in result),
         name=parsed.name,
-        parts=(tuple((i.nbytes, o.nbytes) for i, o in zip(operands, result)) if len(operands) == len(result)
+        parts=(tuple((i.nbytes, o.nbytes) for i, o in zip(operands, result, strict=True)) if len(operands) == len(result)
                else ((sum(s.nbytes for s in operands), sum(s.nbytes for s in result)),)),
     )
 
