@@ -5,8 +5,8 @@ from __future__ import annotations
 import functools
 
 import pytest
-
 from conftest import analysis_of, engines
+
 from toast import analyze
 from toast.examples.gpt import gpt_train_step
 
@@ -61,7 +61,7 @@ ENGINE = "embedded"
 B, S, D, H, F, V = 3, 10, 28, 4, 44, 50
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _gpt():
     fn, args = gpt_train_step(layers=2, batch=B, seq=S, d_model=D, heads=H, vocab=V, d_ff=F)
     return analyze("gpt", fn=fn, args=args, engine=ENGINE)

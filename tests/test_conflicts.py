@@ -5,8 +5,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import pytest
-
 from conftest import analysis_of, engines
+
 from toast import analyze
 from toast.examples.gpt import gpt_small
 
@@ -128,7 +128,7 @@ def test_a_path_across_the_box_is_not_compatible(engine):
         box = next(b for b in found.boxes if (b.def_conflict, b.use_conflict) == (on_def.id, on_use.id))
         group_set = found.sets[found.set_of[on_def.id]]
         assert found.set_of[on_use.id] == group_set.id
-        sides = dict(zip(group_set.conflicts, group_set.sharded_endpoints(0)))
+        sides = dict(zip(group_set.conflicts, group_set.sharded_endpoints(0), strict=True))
         def_dim = next(s for s in on_def.sites if s.kind == "def").dims[sides[on_def.id]]
         use_dim = next(s for s in on_use.sites if s.kind == "use" and s.op == multiply.id).dims[sides[on_use.id]]
         return box.crossed, (def_dim, use_dim)
@@ -176,7 +176,7 @@ def test_grouped_sets_are_oriented_alike():
     for set_id in found.groups[0].sets:
         group_set = found.sets[set_id]
         shards = []
-        for conflict_id, endpoint in zip(group_set.conflicts, group_set.sharded_endpoints(1)):
+        for conflict_id, endpoint in zip(group_set.conflicts, group_set.sharded_endpoints(1), strict=True):
             site = found.conflicts[conflict_id].sites[0]
             kind = analysis.program.ops[site.op].kind if site.kind == "use" else "def"
             shards.append((kind, site.dims[endpoint]))

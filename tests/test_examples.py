@@ -23,7 +23,7 @@ _SMALL = {
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _text(name: str, **settings) -> str:
     fn, args = load(name, **{**_SMALL.get(name, {}), **settings})
     return jax.jit(fn).lower(*args).as_text(debug_info=True)
@@ -155,7 +155,7 @@ def test_gpt_step_shapes_names_and_outputs():
     loss, new_params = jax.eval_shape(fn, params, tokens, targets)
     assert loss.shape == ()
     assert jax.tree_util.tree_structure(new_params) == jax.tree_util.tree_structure(params)
-    for new, old in zip(jax.tree_util.tree_leaves(new_params), jax.tree_util.tree_leaves(params)):
+    for new, old in zip(jax.tree_util.tree_leaves(new_params), jax.tree_util.tree_leaves(params), strict=True):
         assert (new.shape, new.dtype) == (old.shape, old.dtype)
     text = _text("gpt_small")
     for name in ["tokens", "targets", "params['wte']", "params['blocks'][1]['wq']",

@@ -7,9 +7,9 @@ import tomllib
 
 import pytest
 
-from toast.errors import ToastError
+from toast import ToastError, known_hardware, load_hardware
+from toast.cost.hardware import axis_levels  # a private unit, tested on purpose
 from toast.resources import resource_dir
-from toast.cost.hardware import axis_levels, known_hardware, load_hardware
 
 BUNDLED = [
     "a100_40gb", "a100_80gb", "b200", "h100", "h200", "p100", "tpu_v3", "tpu_v4", "tpu_v5e", "tpu_v5p", "v100",

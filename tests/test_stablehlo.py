@@ -8,9 +8,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from toast.errors import InputError
+from toast import InputError, read_callable, read_file, read_text
 from toast.examples.mlp import mlp
-from toast.frontend.stablehlo import lower_callable, read_callable, read_file, read_text
+from toast.frontend import lower_callable
 
 
 def test_mlp_names_locations_and_inlined_relu():

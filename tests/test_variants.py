@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-
 import pytest
 
-from toast import analyze
-from toast.datalog import parse_text
-from toast.errors import RuleError, ToastError
+from toast import RuleError, ToastError, analyze
+from toast.datalog import assemble, load_variant, parse_text
 from toast.facts.schema import CONFLICTS, INPUTS, NDA, OUTPUTS, STAGES, schema_dl
-from toast.datalog.variants import assemble, load_variant
 from toast.resources import resource_dir
 
 RULES_DIR = resource_dir("rules")

@@ -7,11 +7,10 @@ written by hand from the rules' intent (sections 3.3-3.5 of the paper).
 from __future__ import annotations
 
 import pytest
-
 from conftest import engines
-from toast.datalog.engine import evaluate
-from toast.facts.schema import CONFLICTS
-from toast.datalog.variants import assemble, load_variant
+
+from toast.datalog import assemble, evaluate, load_variant
+from toast.facts import CONFLICTS
 
 
 def _run(facts, engine, variant="default"):

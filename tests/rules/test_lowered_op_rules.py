@@ -9,9 +9,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import pytest
+from conftest import engines
 from jax import lax
 
-from conftest import engines
 from toast import analyze
 
 

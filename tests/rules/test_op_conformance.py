@@ -9,8 +9,8 @@ from __future__ import annotations
 import functools
 
 import pytest
-
 from conftest import analysis_of
+
 from toast.examples import EXAMPLES
 
 # Kinds the rule base deliberately leaves unruled (no identities, reported): LAPACK calls
@@ -28,7 +28,7 @@ IDENTIFY_NOTHING = {"stablehlo.constant", "stablehlo.iota", "stablehlo.return", 
 SPECS = sorted(set(EXAMPLES.values()) - {"toast.examples.gpt:gpt_train_step"})
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _all_kinds():
     kinds = {}
     for spec in SPECS:

@@ -7,10 +7,9 @@ colors, written by hand from the op's semantics (StableHLO spec) and the rule's 
 from __future__ import annotations
 
 import pytest
-
 from conftest import engines
-from toast import analyze
-from toast.frontend.stablehlo import read_text
+
+from toast import analyze, read_text
 
 
 def _colors(text: str, engine: str) -> set[frozenset[str]]:

@@ -26,7 +26,15 @@ def write_text_atomic(text: str, path: str | os.PathLike[str], *, option: str = 
     try:
         with os.fdopen(handle, "w") as out:
             out.write(text)
+        os.chmod(temporary, 0o666 & ~_umask())  # mkstemp makes the file private; give it the usual mode
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    """The process's file-creation mask (reading it means setting it, so set it back)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
