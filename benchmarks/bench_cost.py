@@ -19,12 +19,8 @@ import platform  # noqa: E402
 import time  # noqa: E402
 
 import toast  # noqa: E402
-from toast.cost.model import CostModel  # noqa: E402
 from toast.examples.gpt import gpt_train_step  # noqa: E402
-from toast.cost.hardware import load_hardware  # noqa: E402
-from toast.sharding.mesh import parse_mesh  # noqa: E402
-from toast.sharding.state import ShardingModel  # noqa: E402
-from toast.sharding.strategies import STRATEGIES, manual_strategy, roles_for  # noqa: E402
+from toast.sharding import roles_for_input  # noqa: E402
 
 
 def main() -> None:
@@ -35,15 +31,16 @@ def main() -> None:
     fn, args = gpt_train_step(layers=options.layers)
     analysis = toast.analyze("toast.examples.gpt:gpt_train_step", fn=fn, args=args)
     start = time.perf_counter()
-    model = ShardingModel(analysis, parse_mesh("batch=4,model=2"))
-    costs = CostModel(model, load_hardware("a100_80gb"))
+    model = toast.ShardingModel(analysis, toast.parse_mesh("batch=4,model=2"))
+    costs = toast.CostModel(model, toast.load_hardware("a100_80gb"))
     setup = time.perf_counter() - start
     print(f"machine: {platform.machine()}, python {platform.python_version()}; L={options.layers}, "
           f"{len(analysis.program.ops)} ops, {analysis.names.count} names; setup {setup * 1e3:.0f} ms")
     print("| strategy | collectives | ms per evaluation |")
     print("|---|---|---|")
-    for name in STRATEGIES:
-        state, _ = manual_strategy(model, name, roles_for("toast.examples.gpt:gpt_train_step"))
+    roles = roles_for_input("toast.examples.gpt:gpt_train_step")  # toast/examples/gpt.roles.toml
+    for name in toast.STRATEGIES:
+        state, _ = toast.manual_strategy(model, name, roles)
         cost = costs.evaluate(state)
         start = time.perf_counter()
         for _ in range(options.repeat):

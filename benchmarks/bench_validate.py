@@ -19,11 +19,7 @@ import time
 
 import toast
 from toast.examples.gpt import gpt_train_step
-from toast.cost.hardware import load_hardware
-from toast.sharding.mesh import parse_mesh
-from toast.sharding.state import ShardingModel
-from toast.sharding.strategies import STRATEGIES, manual_strategy, roles_for
-from toast.xla.validate import validate
+from toast.sharding import roles_for_input
 
 SIZES = {
     "small": dict(layers=2, batch=2, seq=16, d_model=64, heads=4, vocab=128),
@@ -38,17 +34,18 @@ def main() -> None:
     options = parser.parse_args()
     fn, args = gpt_train_step(**SIZES[options.size])
     analysis = toast.analyze("toast.examples.gpt:gpt_train_step", fn=fn, args=args)
-    model = ShardingModel(analysis, parse_mesh(options.mesh))
-    hardware = load_hardware("a100_80gb")
+    model = toast.ShardingModel(analysis, toast.parse_mesh(options.mesh))
+    hardware = toast.load_hardware("a100_80gb")
+    roles = roles_for_input("toast.examples.gpt:gpt_train_step")  # toast/examples/gpt.roles.toml
     print(f"GPT step {options.size} {SIZES[options.size]}, {len(analysis.program.ops)} ops, mesh {options.mesh}, "
           f"{platform.processor() or platform.machine()}, {time.strftime('%Y-%m-%d')}\n")
     print("| strategy | numerics (max abs err) | collectives predicted / XLA | within 10% | agreement "
           "| peak predicted / XLA (MiB) | peak error | seconds |")
     print("|---|---|---|---|---|---|---|---|")
-    for strategy in STRATEGIES:
-        state, _ = manual_strategy(model, strategy, roles_for("toast.examples.gpt:"))
+    for strategy in toast.STRATEGIES:
+        state, _ = toast.manual_strategy(model, strategy, roles)
         start = time.perf_counter()
-        result = validate(model, state, hardware)
+        result = toast.validate(model, state, hardware)
         seconds = time.perf_counter() - start
         numerics = "match" if result.numerics.match else "MISMATCH"
         print(f"| {strategy} | {numerics} ({result.numerics.max_abs_error:.1e}) | {result.predicted_count} / "

@@ -3,10 +3,26 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
+import sys
+from pathlib import Path
 
 import pytest
 
 from toast.datalog.souffle import souffle_binary
+
+
+def _load_goldens():
+    """``tests/golden/regenerate.py``, the golden format and comparison (module ``toast_goldens``)."""
+    spec = importlib.util.spec_from_file_location("toast_goldens", Path(__file__).parent / "golden" / "regenerate.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+goldens = _load_goldens()
 
 SOUFFLE_MISSING = "souffle is not on PATH (not in any package registry; build it from source to run these)"
 
@@ -17,9 +33,15 @@ def engines() -> list:
     return ["embedded", souffle]
 
 
-@functools.lru_cache(maxsize=None)
 def analysis_of(spec: str, engine: str = "embedded"):
     """``toast.analyze`` of a bundled example, computed once per test session."""
-    from toast import analyze
+    return kept_analysis_of(spec, engine)[0]
 
-    return analyze(spec, engine=engine)
+
+@functools.cache
+def kept_analysis_of(spec: str, engine: str = "embedded"):
+    """``(analysis, outputs)``: ``toast.analyze`` of a bundled example and the engine outputs of
+    both stages in golden form (``goldens.Outputs``: stage -> relation -> canonical rows), read
+    from what the engine wrote under ``keep``; computed once per test session and shared with
+    ``analysis_of``, so the golden tests reuse the analyses other tests make."""
+    return goldens.analyze_kept(spec, engine)

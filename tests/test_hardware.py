@@ -105,7 +105,7 @@ def test_malformed_toml_gives_path_and_line(tmp_path):
     path.write_text('name = "broken"\n[compute\nbf16 = 1e12\n')
     with pytest.raises(ToastError) as err:
         load_hardware(str(path))
-    assert str(err.value).startswith(f"{path}:2: malformed hardware profile: ")
+    assert str(err.value).startswith(f"{path}:2:9: malformed hardware profile: ")
     assert "\n" not in str(err.value)
 
 

@@ -6,21 +6,29 @@ import json
 
 import jax.numpy as jnp
 import pytest
-
 from conftest import analysis_of
-from toast import analyze
+
+from toast import (
+    STRATEGIES,
+    Action,
+    CostModel,
+    InvalidState,
+    ShardingModel,
+    ToastError,
+    analyze,
+    load_hardware,
+    manual_strategy,
+    parse_mesh,
+)
 from toast.cli import main
 from toast.cost.collectives import CommunicationModel
-from toast.cost.model import CostModel
-from toast.errors import ToastError
 from toast.examples.gpt import gpt_train_step
-from toast.cost.hardware import load_hardware
-from toast.sharding.mesh import parse_mesh
-from toast.sharding.state import Action, InvalidState, ShardingModel
-from toast.sharding.strategies import STRATEGIES, manual_strategy, roles_for
+from toast.sharding import roles_for_input
 
 MLP = "toast.examples.mlp:mlp"
 ATTENTION = "toast.examples.attention:attention"
+MLP_ROLES = roles_for_input(MLP)  # toast/examples/mlp.roles.toml
+GPT_ROLES = roles_for_input("toast.examples.gpt:gpt_train_step")  # toast/examples/gpt.roles.toml
 
 
 def _mlp_model():
@@ -34,7 +42,7 @@ def _names(analysis, collectives):
 
 def test_mlp_batch_sharding_needs_no_collectives():
     analysis, model = _mlp_model()
-    state, _ = manual_strategy(model, "data_parallel", roles_for(MLP))
+    state, _ = manual_strategy(model, "data_parallel", MLP_ROLES)
     assert CommunicationModel(model).collectives(state) == []
     assert model.partition_spec(state, analysis.program.arguments[0]) == ("batch", None)
 
@@ -42,7 +50,7 @@ def test_mlp_batch_sharding_needs_no_collectives():
 def test_mlp_megatron_is_one_all_reduce_over_model():
     """Figure 2c: w = all_reduce{m} of the [256/4, 16] f32 partial output: 64*16*4 bytes."""
     analysis, model = _mlp_model()
-    state, actions = manual_strategy(model, "megatron", roles_for(MLP))
+    state, actions = manual_strategy(model, "megatron", MLP_ROLES)
     assert len(actions) == 2
     assert _names(analysis, CommunicationModel(model).collectives(state)) == [
         ("all-reduce", ("model",), "result", 4096, 4096)]
@@ -98,7 +106,7 @@ def test_gpt_manual_strategies_are_valid(strategy):
     fn, args = gpt_train_step(layers=2, batch=4, seq=16, d_model=64, heads=4, vocab=128, d_ff=256)
     analysis = analyze("toast.examples.gpt:gpt_train_step", fn=fn, args=args)
     model = ShardingModel(analysis, parse_mesh("batch=2,model=2"))
-    state, actions = manual_strategy(model, strategy, roles_for("toast.examples.gpt:gpt_train_step"))
+    state, actions = manual_strategy(model, strategy, GPT_ROLES)
     assert model.problem(state) == ""
     kinds = {(c.kind, c.axes) for c in CommunicationModel(model).collectives(state)}
     assert ("all-reduce", ("batch",)) in kinds or ("all-reduce", ("batch", "model")) in kinds  # gradients
@@ -122,7 +130,7 @@ def test_hardware_changes_the_step_time_as_datasheets_say():
     fn, args = gpt_train_step(layers=2, dtype=jnp.bfloat16)
     analysis = analyze("toast.examples.gpt:gpt_train_step", fn=fn, args=args)
     model = ShardingModel(analysis, parse_mesh("batch=4,model=2"))
-    state, _ = manual_strategy(model, "megatron", roles_for("toast.examples.gpt:gpt_train_step"))
+    state, _ = manual_strategy(model, "megatron", GPT_ROLES)
     times = {name: CostModel(model, load_hardware(name)).evaluate(state).runtime_s
              for name in ("tpu_v3", "a100_80gb", "h100")}
     assert times["tpu_v3"] > times["a100_80gb"] > times["h100"]
@@ -132,7 +140,7 @@ def test_cost_is_relative_to_the_unsharded_program():
     analysis, model = _mlp_model()
     costs = CostModel(model, load_hardware("a100_80gb"))
     assert costs.evaluate(model.initial()).relative == pytest.approx(1.0)
-    state, _ = manual_strategy(model, "data_parallel", roles_for(MLP))
+    state, _ = manual_strategy(model, "data_parallel", MLP_ROLES)
     sharded = costs.evaluate(state)
     assert sharded.compute_s == pytest.approx(costs.evaluate(model.initial()).compute_s / 4)
     assert sharded.peak_bytes < costs.evaluate(model.initial()).peak_bytes

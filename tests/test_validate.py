@@ -15,16 +15,21 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import analysis_of
+
+from toast import (
+    STRATEGIES,
+    Action,
+    Collective,
+    ShardingModel,
+    ToastError,
+    load_hardware,
+    manual_strategy,
+    parse_mesh,
+    sharded_module_text,
+)
 from toast.cli import main
-from toast.cost.collectives import Collective
-from toast.output.sharded_stablehlo import sharded_module_text
-from toast.errors import ToastError
-from toast.cost.hardware import load_hardware
-from toast.sharding.mesh import parse_mesh
-from toast.sharding.state import Action, ShardingModel
-from toast.sharding.strategies import STRATEGIES, manual_strategy, roles_for
+from toast.sharding import roles_for_input
 from toast.xla.validate import compare, validate, xla_footprint
 from toast.xla.worker import Numerics, XlaCollective, XlaReport, check_sharded_module
 
@@ -36,7 +41,7 @@ A100 = load_hardware("a100_80gb")
 
 def _strategy_state(spec: str, strategy: str, mesh: str):
     model = ShardingModel(analysis_of(spec), parse_mesh(mesh))
-    state, _ = manual_strategy(model, strategy, roles_for(spec))
+    state, _ = manual_strategy(model, strategy, roles_for_input(spec))
     return model, state
 
 

@@ -12,6 +12,12 @@ This module is the public API of every stage:
     >>> analysis = toast.analyze("mlp", fn=fn, args=args, engine="embedded")
     >>> len(analysis.colors)
     4
+    >>> model = toast.ShardingModel(analysis, toast.parse_mesh("batch=4,model=2"))
+    >>> roles = toast.Roles({"batch": [("x", 0)], "mlp": [("w1", 1)]})
+    >>> state, actions = toast.manual_strategy(model, "megatron", roles)
+    >>> cost = toast.CostModel(model, toast.load_hardware("a100_80gb")).evaluate(state)
+    >>> [(c.kind, c.axes) for c in cost.collectives]
+    [('all-reduce', ('model',))]
 """
 
 from toast.analysis import (
@@ -52,10 +58,13 @@ from toast.sharding import (
     Action,
     InvalidState,
     Mesh,
+    Roles,
     ShardingModel,
     ShardingState,
+    load_roles,
     manual_strategy,
     parse_mesh,
+    roles_for_input,
 )
 from toast.xla import Agreement, validate
 
@@ -85,6 +94,7 @@ __all__ = [
     "Mesh",
     "Program",
     "ResolutionGroup",
+    "Roles",
     "RuleError",
     "ShardingModel",
     "ShardingState",
@@ -99,12 +109,14 @@ __all__ = [
     "known_hardware",
     "load_hardware",
     "load_program",
+    "load_roles",
     "manual_strategy",
     "parse_mesh",
     "read_callable",
     "read_file",
     "read_strategy",
     "read_text",
+    "roles_for_input",
     "sharded_jit",
     "sharded_module_text",
     "strategy_json",

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from toast.errors import ToastError
 
@@ -60,6 +60,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                               "or a TOML path")
     shard_parser.add_argument("--strategy", default="data_parallel",
                               help="data_parallel, megatron, fsdp or sequence")
+    shard_parser.add_argument("--roles", metavar="FILE", help="roles file (TOML) naming the argument dims each "
+                              "strategy shards; default: <module>.roles.toml beside a module:function's module")
+    shard_parser.add_argument("--batch", metavar="ARG:DIM", help="the batch dim, e.g. ids:0 (enough for "
+                              "data_parallel; replaces the roles file's batch role)")
     shard_parser.add_argument("-o", "--output", metavar="FILE", help="write the strategy JSON to FILE")
     shard_parser.add_argument("--emit", metavar="FILE", help="write the StableHLO annotated with the shardings "
                               "(Shardy form, as jax.jit lowers it) to FILE")
@@ -83,8 +87,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(options: argparse.Namespace) -> int:
-    from toast.analysis.named_dimensions import analyze
     from toast.analysis.explain import explain, format_explanation
+    from toast.analysis.named_dimensions import analyze
     from toast.output.files import write_json_atomic, write_text_atomic
     from toast.output.report import summary, to_json
 
@@ -93,9 +97,13 @@ def _run(options: argparse.Namespace) -> int:
     if options.command == "shard":
         from toast.cost.hardware import load_hardware
         from toast.sharding.mesh import parse_mesh
+        from toast.sharding.roles import roles_for_input
+        from toast.sharding.strategies import check_strategy
 
         mesh = parse_mesh(options.mesh)  # bad input fails before the analysis
         hardware = load_hardware(options.hardware)
+        roles = roles_for_input(options.input, roles_path=options.roles, batch=options.batch)
+        check_strategy(options.strategy, roles=roles, mesh=mesh)
     if options.command == "validate":
         from toast.cost.hardware import load_hardware
         from toast.output.strategy_file import read_strategy, strategy_mesh
@@ -121,7 +129,7 @@ def _run(options: argparse.Namespace) -> int:
         print(summary(analysis), end="")
         return 0
     if options.command == "shard":
-        return _shard(options, analysis, mesh, hardware)
+        return _shard(options, analysis, mesh, hardware, roles)
     if options.command == "validate":
         return _validate(options, analysis, document, mesh, hardware)
     if options.command == "graph":
@@ -139,15 +147,15 @@ def _run(options: argparse.Namespace) -> int:
     return 0
 
 
-def _shard(options: argparse.Namespace, analysis, mesh, hardware) -> int:
+def _shard(options: argparse.Namespace, analysis, mesh, hardware, roles) -> int:
     from toast.cost.model import CostModel
     from toast.output.files import write_json_atomic, write_text_atomic
-    from toast.sharding.state import ShardingModel
-    from toast.sharding.strategies import manual_strategy, roles_for
     from toast.output.strategy_file import strategy_json
+    from toast.sharding.state import ShardingModel
+    from toast.sharding.strategies import manual_strategy
 
     model = ShardingModel(analysis, mesh)
-    state, actions = manual_strategy(model, options.strategy, roles_for(options.input))
+    state, actions = manual_strategy(model, options.strategy, roles)
     cost = CostModel(model, hardware).evaluate(state)
     document = strategy_json(model, state, actions, cost, source=options.input, hardware=hardware.name,
                              name=options.strategy)
@@ -165,7 +173,7 @@ def _shard(options: argparse.Namespace, analysis, mesh, hardware) -> int:
         key = f"{collective.kind} over {'+'.join(collective.axes)}"
         kinds[key] = kinds.get(key, 0) + 1
     print(f"{analysis.program.name}: strategy {options.strategy} on mesh {mesh.spec()} ({hardware.name}), "
-          f"{len(actions)} actions")
+          f"{len(actions)} actions, roles from {roles.source}")
     print(f"step time {cost.runtime_s * 1e3:.3f} ms (compute {cost.compute_s * 1e3:.3f} ms), peak memory "
           f"{cost.peak_bytes / 2**20:.1f} MiB per device, relative cost {cost.relative:.3f}")
     print("collectives: " + (", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "none"))
@@ -174,8 +182,8 @@ def _shard(options: argparse.Namespace, analysis, mesh, hardware) -> int:
 
 def _validate(options: argparse.Namespace, analysis, document, mesh, hardware) -> int:
     from toast.output.files import write_json_atomic
-    from toast.sharding.state import ShardingModel
     from toast.output.strategy_file import strategy_state
+    from toast.sharding.state import ShardingModel
     from toast.xla.validate import agreement_json, format_agreement, validate
 
     model = ShardingModel(analysis, mesh)

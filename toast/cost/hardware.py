@@ -12,13 +12,12 @@ axis is innermost (stride 1) and an axis of size ``n`` and stride ``s`` spans ``
 from __future__ import annotations
 
 import math
-import re
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 from toast.errors import ToastError
 from toast.resources import resource_dir
+from toast.toml_files import read_toml
 
 _TOP_KEYS = ("name", "description", "compute", "memory", "interconnect")
 _MEMORY_KEYS = ("hbm_bytes", "hbm_bandwidth", "sources")
@@ -130,13 +129,7 @@ def load_hardware(name_or_path: str) -> Hardware:
             raise ToastError(f"unknown hardware '{name_or_path}' (known: {', '.join(known_hardware())})")
     if not path.is_file():
         raise ToastError(f"{path}: no such hardware profile")
-    text = path.read_text()
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as err:
-        message = re.sub(r" \(at line \d+, (column \d+)\)", r" (\1)", str(err))
-        raise ToastError(f"{path}:{_error_line(err, text)}: malformed hardware profile: {message}") from None
-    return _hardware(data, str(path))
+    return _hardware(read_toml(path, what="hardware profile"), str(path))
 
 
 def _hardware(data: dict, path: str) -> Hardware:
@@ -220,12 +213,3 @@ def _known_keys(table: dict, known: tuple[str, ...], prefix: str, path: str) -> 
     for key in table:
         if key not in known:
             raise ToastError(f"{path}: unknown field '{prefix}{key}' (known: {', '.join(known)})")
-
-
-def _error_line(err: tomllib.TOMLDecodeError, text: str) -> int:
-    """The line a TOML error points at (Python 3.11's error has it only in the message)."""
-    line = getattr(err, "lineno", None)
-    if line is not None:
-        return line
-    match = re.search(r"at line (\d+)", str(err))
-    return int(match.group(1)) if match else max(1, text.count("\n") + (not text.endswith("\n")))

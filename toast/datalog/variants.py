@@ -14,13 +14,13 @@ when it lies under ``DIR/conflicts/``, else in the named-dimension stage.
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 from toast.errors import RuleError, ToastError
 from toast.facts.schema import CONFLICTS, NDA, Stage
 from toast.resources import resource_dir, template
+from toast.toml_files import read_toml
 
 PROGRAM_NAME = "program.dl"
 
@@ -92,10 +92,7 @@ def _variant_data(name_or_path: str, *, seen: tuple[Path, ...]) -> tuple[dict, P
         raise ToastError(f"unknown analysis variant '{name_or_path}' (known: {', '.join(known_variants())})")
     if path.resolve() in seen:
         raise RuleError(str(path), None, "variant extends itself (a cycle of 'extends')")
-    try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as err:
-        raise RuleError(str(path), getattr(err, "lineno", None), f"malformed variant: {err}") from None
+    data = read_toml(path, what="variant")
     base = data.get("extends")
     if base is None:
         return data, path

@@ -14,8 +14,8 @@ devices it is split over.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -84,7 +84,7 @@ class ShardingModel:
         sizes = [program.values[v].shape[d] for v, d in names.defs]
         sizes += [program.values[program.ops[op].operands[k]].shape[d] for op, k, d in names.uses]
         self.name_size = np.asarray(sizes, dtype=np.int64)
-        starts = [base for value, base in zip(program.values, names.def_base) if value.shape]
+        starts = [base for value, base in zip(program.values, names.def_base, strict=True) if value.shape]
         previous = None
         for offset, (op, k, _) in enumerate(names.uses):
             if (op, k) != previous:

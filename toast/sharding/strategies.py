@@ -1,47 +1,44 @@
 """Classic expert strategies expressed as actions on the sharding state (the search's baselines).
 
-A strategy is built from *roles*: the dims of named function arguments that play a part in
-the model (the batch dim of the tokens, the heads dim of the attention weights, ...). A role
-names colors, so the strategies need no knowledge of the program beyond argument names:
+A strategy is built from *roles* (``toast.sharding.roles``): the dims of named function
+arguments that play a part in the model (the batch dim of the tokens, the heads dim of the
+attention weights, ...). A role names colors, so the strategies need no knowledge of the
+program beyond argument names; ``NEEDS`` says which roles each one needs.
 
 - ``data_parallel``: the batch color along the first mesh axis.
 - ``megatron``: data parallel, plus the attention heads and the MLP hidden colors along the
   second axis (Megatron-LM tensor parallelism; Figure 2c for the MLP).
-- ``fsdp``: data parallel, plus every parameter stored sharded along the first axis on its
-  largest divisible dim (ZeRO-3): gathered where it is used, its update chain (the
-  elementwise ops from the parameter to the new parameter returned) sharded alike, so the
-  gradient arrives by reduce-scatter.
+- ``fsdp``: data parallel, plus every parameter (a floating-point argument the batch role
+  leaves unsharded) stored sharded along the first axis on its largest divisible dim
+  (ZeRO-3): gathered where it is used, its update chain (the elementwise ops from the
+  parameter to the new parameter returned) sharded alike, so the gradient arrives by
+  reduce-scatter.
 - ``sequence``: data parallel, plus the sequence color along the second axis with resolution
   bits ``1`` (the sequence sharding of Figure 5b in every attention).
-
-Roles of the bundled models are in ``ROLES``; other programs pass their own.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 import numpy as np
 
 from toast.analysis.named_dimensions import Analysis
 from toast.errors import ToastError
-from toast.sharding.state import Action, ShardingModel, ShardingState
+from toast.sharding.mesh import Mesh
+from toast.sharding.roles import Roles
+from toast.sharding.state import Action, InvalidState, ShardingModel, ShardingState
 
-# Role -> (argument name pattern, dim) pairs, per bundled model (module:function spec prefix).
-ROLES: dict[str, dict[str, tuple[tuple[str, int], ...]]] = {
-    "toast.examples.mlp:mlp": {"batch": (("x", 0),), "mlp": (("w1", 1),)},
-    "toast.examples.attention:attention": {"sequence": (("x", 0),), "heads": (("wq", 1), ("wv", 1))},
-    "toast.examples.gpt:": {
-        "batch": (("tokens", 0),),
-        "sequence": (("tokens", 1),),
-        "heads": (("params['blocks'][*]['wq']", 1), ("params['blocks'][*]['wv']", 1)),
-        "mlp": (("params['blocks'][*]['w_fc']", 1),),
-        "parameters": (("params*", -1),),
-    },
+# Strategy -> the roles it needs: one role of each tuple.
+NEEDS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "data_parallel": (("batch",),),
+    "megatron": (("batch",), ("heads", "mlp")),
+    "fsdp": (("batch",),),
+    "sequence": (("batch",), ("sequence",)),
 }
-STRATEGIES = ("data_parallel", "megatron", "fsdp", "sequence")
+STRATEGIES = tuple(NEEDS)
+TWO_AXES = ("megatron", "sequence")
 ELEMENTWISE_UPDATE = {"stablehlo.add", "stablehlo.subtract", "stablehlo.multiply", "stablehlo.divide",
                       "stablehlo.negate", "stablehlo.sqrt", "stablehlo.rsqrt", "stablehlo.convert",
                       "stablehlo.maximum", "stablehlo.minimum", "stablehlo.select"}
@@ -58,57 +55,85 @@ class ShardNodes:
     label: str
 
 
-def roles_for(source: str) -> dict[str, tuple[tuple[str, int], ...]]:
-    """The roles of a bundled model named by its ``module:function`` spec (prefix match)."""
-    for prefix, roles in ROLES.items():
-        if source.startswith(prefix):
-            return roles
-    raise ToastError(f"{source}: no roles known for manual strategies (bundled: {', '.join(ROLES)})")
+def check_strategy(name: str, *, roles: Roles, mesh: Mesh) -> None:
+    """Fail early, before any analysis, when strategy ``name`` cannot run with ``roles`` on ``mesh``.
+
+    Raises:
+      ToastError: one line: an unknown strategy, a one-axis mesh for a strategy that needs two,
+        or a role the strategy needs (``NEEDS``) that ``roles`` lack.
+    """
+    if name not in NEEDS:
+        raise ToastError(f"unknown strategy '{name}' (known: {', '.join(STRATEGIES)})")
+    if name in TWO_AXES and len(mesh.names) < 2:
+        raise ToastError(f"strategy '{name}' needs a mesh with two axes, e.g. batch=4,model=2")
+    for alternatives in NEEDS[name]:
+        if not any(roles.get(role) for role in alternatives):
+            wanted = " or ".join(f"'{role}'" for role in alternatives)
+            where = "--roles FILE or --batch ARG:DIM" if alternatives == ("batch",) else "--roles FILE"
+            given = f", which {roles.source} does not name" if roles.dims else f": {roles.source}"
+            raise ToastError(f"strategy '{name}' needs role {wanted}{given}; give it in {where}")
 
 
-def role_colors(analysis: Analysis, roles: Mapping[str, Sequence[tuple[str, int]]], role: str) -> list[int]:
-    """Colors of the argument dims a role names (sorted, distinct)."""
-    colors = set()
-    for pattern, dim in roles.get(role, ()):
-        for value_id in analysis.program.arguments:
-            value = analysis.program.values[value_id]
-            if _matches(pattern, value.name) and 0 <= dim < len(value.shape):
-                colors.add(int(analysis.color_of[analysis.names.def_base[value_id] + dim]))
+def role_colors(analysis: Analysis, roles: Roles, role: str) -> list[int]:
+    """Colors of the argument dims ``role`` names (sorted, distinct); a one-line error naming the
+    roles' source and some of the program's arguments when it names none."""
+    colors = {int(analysis.color_of[name]) for pattern, dim in roles.get(role)
+              for name in _argument_dims(analysis, pattern, dim)}
     if not colors:
-        raise ToastError(f"role '{role}' names no argument dim of {analysis.program.name}")
+        raise ToastError(f"{roles.source}: role '{role}' names no argument dim of {analysis.program.name} "
+                         f"({_some_arguments(analysis)})")
     return sorted(colors)
 
 
-def _matches(pattern: str, name: str) -> bool:
-    """Glob match where only ``*`` is special (argument names contain brackets)."""
-    return re.fullmatch(re.escape(pattern).replace(r"\*", ".*"), name) is not None
+def _argument_dims(analysis: Analysis, pattern: str, dim: int) -> list[int]:
+    """Definition names of dim ``dim`` of the arguments whose name matches ``pattern``, a glob
+    where only ``*`` is special (argument names contain brackets)."""
+    program = analysis.program
+    regex = re.compile(re.escape(pattern).replace(r"\*", ".*"))
+    return [analysis.names.def_base[v] + dim for v in program.arguments
+            if regex.fullmatch(program.values[v].name) and dim < len(program.values[v].shape)]
 
 
-def manual_strategy(model: ShardingModel, name: str, roles: Mapping[str, Sequence[tuple[str, int]]]
+def _some_arguments(analysis: Analysis, shown: int = 8) -> str:
+    """``arguments: x (2x8x16), params['w1'] (16x32), ...`` for messages."""
+    program = analysis.program
+    names = [f"{program.values[v].name} ({'x'.join(map(str, program.values[v].shape)) or 'scalar'})"
+             for v in program.arguments]
+    more = f", ... {len(names)} in all" if len(names) > shown else ""
+    return "arguments: " + (", ".join(names[:shown]) + more if names else "none")
+
+
+def manual_strategy(model: ShardingModel, name: str, roles: Roles
                     ) -> tuple[ShardingState, tuple[Action | ShardNodes, ...]]:
-    """Apply the named strategy on ``model``'s mesh; returns the state and its actions."""
-    if name not in STRATEGIES:
-        raise ToastError(f"unknown strategy '{name}' (known: {', '.join(STRATEGIES)})")
-    mesh = model.mesh
-    first = mesh.names[0]
-    second = mesh.names[1] if len(mesh.names) > 1 else None
-    if name in ("megatron", "sequence") and second is None:
-        raise ToastError(f"strategy '{name}' needs a mesh with two axes, e.g. batch=4,model=2")
+    """Apply the named strategy on ``model``'s mesh; returns the state and its actions.
+
+    Raises:
+      ToastError: ``check_strategy``'s errors; ``roles`` name no argument dim of the program,
+        or a role the strategy uses names none.
+      InvalidState: an action gives an invalid state (a dim not divisible by its devices).
+    """
+    check_strategy(name, roles=roles, mesh=model.mesh)
     analysis = model.analysis
-    actions: list[Action | ShardNodes] = []
-    if "batch" in roles:
-        actions += [Action(c, first) for c in role_colors(analysis, roles, "batch")]
+    if not any(_argument_dims(analysis, pattern, dim) for pairs in roles.dims.values() for pattern, dim in pairs):
+        raise ToastError(f"{roles.source}: no entry names an argument dim of {analysis.program.name} "
+                         f"({_some_arguments(analysis)})")
+    first = model.mesh.names[0]
+    second = model.mesh.names[1] if name in TWO_AXES else first  # check_strategy: two axes there
+    actions: list[Action | ShardNodes] = [Action(c, first) for c in role_colors(analysis, roles, "batch")]
     if name == "megatron":
-        actions += [Action(c, second) for role in ("heads", "mlp") if role in roles
+        actions += [Action(c, second) for role in ("heads", "mlp") if roles.get(role)
                     for c in role_colors(analysis, roles, role)]
     elif name == "sequence":
         ones = (1,) * analysis.conflicts.resolution_bits
         actions += [Action(c, second, ones) for c in role_colors(analysis, roles, "sequence")]
-    elif name == "fsdp":
-        actions += fsdp_actions(model, first)
     state = model.initial()
     for action in actions:
         state = apply_any(model, state, action)
+    if name == "fsdp":
+        parameters = fsdp_actions(model, first, state=state)
+        for action in parameters:
+            state = apply_any(model, state, action)
+        actions += parameters
     return state, tuple(actions)
 
 
@@ -122,14 +147,13 @@ def apply_any(model: ShardingModel, state: ShardingState, action: Action | Shard
     result = ShardingState(model.mesh, masks, state.actions)
     problem = model.problem(result)
     if problem:
-        from toast.sharding.state import InvalidState
-
         raise InvalidState(f"{action.label} along {action.axis}: {problem}")
     return result
 
 
-def fsdp_actions(model: ShardingModel, axis: str) -> list[ShardNodes]:
-    """One node action per floating-point parameter argument (ZeRO-3 on ``axis``)."""
+def fsdp_actions(model: ShardingModel, axis: str, *, state: ShardingState) -> list[ShardNodes]:
+    """One node action per parameter (ZeRO-3 on ``axis``): a floating-point argument that
+    ``state`` leaves unsharded (the inputs the batch role shards are data, not parameters)."""
     analysis = model.analysis
     program, names = analysis.program, analysis.names
     size = model.mesh.size(axis)
@@ -141,13 +165,16 @@ def fsdp_actions(model: ShardingModel, axis: str) -> list[ShardNodes]:
     actions = []
     for value_id in program.arguments:
         value = program.values[value_id]
+        base = names.def_base[value_id]
         if not value.dtype.startswith(("f", "bf")) or not value.shape:
             continue
+        if state.masks[base:base + len(value.shape)].any():
+            continue  # data the batch role shards, not a parameter
         dims = [d for d in sorted(range(len(value.shape)), key=lambda d: -value.shape[d]) if value.shape[d] % size == 0]
         if not dims:
             continue
         dim = dims[0]
-        nodes = {int(analysis.node_of[names.def_base[value_id] + dim])}
+        nodes = {int(analysis.node_of[base + dim])}
         # The update chain: elementwise ops of the same shape from the parameter to a result,
         # and, backwards from them, the elementwise producers of their other operands (the
         # scaled gradient), so the gradient's reduction can be a reduce-scatter.
@@ -171,8 +198,7 @@ def fsdp_actions(model: ShardingModel, axis: str) -> list[ShardNodes]:
             actions.append(ShardNodes(tuple(sorted(nodes)), axis, nodes_label))
             continue
         for chain_value in seen - {value_id}:
-            base = names.def_base[chain_value]
-            nodes.add(int(analysis.node_of[base + dim]))
+            nodes.add(int(analysis.node_of[names.def_base[chain_value] + dim]))
         # The program returns the new parameter sharded too (its use by the final return).
         for chain_value in seen & returned:
             for op_id, index in users.get(chain_value, ()):
