@@ -10,15 +10,17 @@ look names and uses up in the ``DimensionNames`` it returns.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from toast.frontend.ir import Program
 
 
-@dataclass(frozen=True, slots=True)
-class UseSite:
+class UseSite(NamedTuple):
     """One use: operand ``operand`` of op ``op`` is a use of ``value``; its dim d has the
-    dimension name ``first_name + d``."""
+    dimension name ``first_name + d``. (A named tuple: there is one per operand of the
+    program, and it is built faster than a frozen dataclass.)"""
 
     op: int
     operand: int
@@ -41,7 +43,7 @@ class DimensionNames:
     uses: tuple[tuple[int, int, int], ...]
     def_base: tuple[int, ...]
     use_sites: tuple[UseSite, ...]
-    _use_of: dict[tuple[int, int], int] = field(repr=False, compare=False)
+    _use_of: dict[tuple[int, int], int] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def count(self) -> int:
@@ -50,25 +52,29 @@ class DimensionNames:
 
     def use_id(self, op: int, operand: int) -> int:
         """The use id of operand ``operand`` of op ``op``."""
+        if not self._use_of and self.use_sites:  # built on first lookup: the analysis needs none
+            self._use_of.update({(site.op, site.operand): k for k, site in enumerate(self.use_sites)})
         return self._use_of[(op, operand)]
 
     def use_name(self, op: int, operand: int, dim: int) -> int:
         """The dimension name of dim ``dim`` of operand ``operand`` of op ``op``."""
-        return self.use_sites[self._use_of[(op, operand)]].first_name + dim
+        return self.use_sites[self.use_id(op, operand)].first_name + dim
 
 
 def number_names(program: Program) -> DimensionNames:
     """Number the dimension names and uses of ``program`` (see the module docstring)."""
-    defs: list[tuple[int, int]] = []
-    def_base: list[int] = []
-    for value in program.values:
-        def_base.append(len(defs))
-        defs.extend((value.id, dim) for dim in range(len(value.shape)))
+    ranks = [len(value.shape) for value in program.values]
+    def_base = list(itertools.accumulate(ranks, initial=0))
+    defs = [(value_id, dim) for value_id, rank in enumerate(ranks) for dim in range(rank)]
     uses: list[tuple[int, int, int]] = []
     sites: list[UseSite] = []
+    name = def_base.pop()  # the first use name: one past the last definition name
     for op in program.ops:
+        op_id = op.id
         for index, value_id in enumerate(op.operands):
-            sites.append(UseSite(op.id, index, value_id, len(defs) + len(uses)))
-            uses.extend((op.id, index, dim) for dim in range(len(program.values[value_id].shape)))
-    use_of = {(site.op, site.operand): k for k, site in enumerate(sites)}
-    return DimensionNames(tuple(defs), tuple(uses), tuple(def_base), tuple(sites), use_of)
+            sites.append(UseSite(op_id, index, value_id, name))
+            rank = ranks[value_id]
+            if rank:
+                uses += [(op_id, index, dim) for dim in range(rank)]
+                name += rank
+    return DimensionNames(tuple(defs), tuple(uses), tuple(def_base), tuple(sites))

@@ -24,12 +24,12 @@ def program_facts(program: Program) -> tuple[Facts, DimensionNames]:
     """All input facts for ``program`` and the meaning of every dimension name."""
     names = number_names(program)
     facts: Facts = {relation.name: [] for relation in INPUTS}
-    for name, (value_id, dim) in enumerate(names.defs):
-        facts["def_dim"].append((name, value_id, dim, program.values[value_id].shape[dim]))
-    for use_id, site in enumerate(names.use_sites):
-        facts["operand"].append((site.op, site.operand, use_id, site.value))
-        for dim in range(len(program.values[site.value].shape)):
-            facts["use_dim"].append((site.first_name + dim, use_id, dim))
+    values = program.values
+    facts["def_dim"] = [(name, value_id, dim, values[value_id].shape[dim])
+                        for name, (value_id, dim) in enumerate(names.defs)]
+    facts["operand"] = [(site.op, site.operand, use_id, site.value) for use_id, site in enumerate(names.use_sites)]
+    facts["use_dim"] = [(site.first_name + dim, use_id, dim) for use_id, site in enumerate(names.use_sites)
+                        for dim in range(len(values[site.value].shape))]
     for op in program.ops:
         facts["op"].append((op.id, op.kind))
         for index, value_id in enumerate(op.results):

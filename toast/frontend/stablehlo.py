@@ -19,6 +19,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from jaxlib.mlir import ir
+
 from toast.errors import InputError
 from toast.frontend.ir import Op, Program, Value
 
@@ -56,8 +58,6 @@ def read_text(text: str, *, source: str = "<string>") -> Program:
         value of dynamic shape.
     """
     from jax.interpreters import mlir as jax_mlir
-    from jaxlib.mlir import ir
-
     context = jax_mlir.make_ir_context()
     try:
         module = ir.Module.parse(text, context=context)
@@ -66,7 +66,7 @@ def read_text(text: str, *, source: str = "<string>") -> Program:
             message = _parse_error_line(source, err)
         raise InputError(message) from None
     with context:
-        return dataclasses.replace(_Reader(module, source).program(), text=text)
+        return _Reader(module, source).program(text=text)
 
 
 def entry_function(functions: dict[str, Any], source: str) -> Any:
@@ -95,8 +95,6 @@ def read_module(module: Any, *, source: str) -> tuple[Program, list[tuple[Any, b
 
 def _parse_error_line(source: str, err: Any) -> str:
     """One line ``source:line:col: message`` from an MLIR parse error."""
-    from jaxlib.mlir import ir
-
     for diagnostic in err.error_diagnostics:
         try:
             location = ir.FileLineColLoc(diagnostic.location)
@@ -112,8 +110,6 @@ def python_location(location: Any) -> str:
     JAX writes ``NameLoc("jit(f)/dot_general", CallSiteLoc(callee, caller))`` chains whose
     innermost callee is the user's own line.
     """
-    from jaxlib.mlir import ir
-
     pending = [location]
     while pending:
         loc = pending.pop()
@@ -130,8 +126,6 @@ def python_location(location: Any) -> str:
 
 def _name_of_location(location: Any) -> str:
     """The name of a bare ``loc("x")`` (JAX's argument names), ``""`` otherwise."""
-    from jaxlib.mlir import ir
-
     if isinstance(location, ir.NameLoc) and isinstance(location.child_loc, ir.UnknownLoc):
         return location.name_str
     return ""
@@ -140,8 +134,6 @@ def _name_of_location(location: Any) -> str:
 def _tensor_type(mlir_type: Any, *, what: str, where: str) -> tuple[tuple[int, ...], str, int]:
     """Static shape, element type and element bit width; non-tensor types (tokens, tuples) are
     rank 0 of width 0."""
-    from jaxlib.mlir import ir
-
     if not isinstance(mlir_type, ir.RankedTensorType):
         if isinstance(mlir_type, ir.ShapedType):  # unranked tensor
             raise InputError(f"{where}: {what} has unranked type {mlir_type}; toast needs static shapes")
@@ -151,14 +143,21 @@ def _tensor_type(mlir_type: Any, *, what: str, where: str) -> tuple[tuple[int, .
             f"{where}: {what} has dynamic shape {mlir_type}; toast needs static shapes "
             "(lower with concrete sizes, e.g. jax.ShapeDtypeStruct)"
         )
-    return tuple(mlir_type.shape), str(mlir_type.element_type), element_bits(mlir_type.element_type)
+    element_type = mlir_type.element_type
+    dtype = str(element_type)
+    bits = _BITS.get(dtype)
+    if bits is None:
+        bits = _BITS[dtype] = element_bits(element_type)
+    return tuple(mlir_type.shape), dtype, bits
+
+
+# Element type -> bits, filled as types are met (a program has a handful of element types).
+_BITS: dict[str, int] = {}
 
 
 def element_bits(element_type: Any) -> int:
     """Bits of one element as the MLIR type states them (a complex number is two of its
     parts); 0 for a type without a width (quantized, opaque)."""
-    from jaxlib.mlir import ir
-
     if isinstance(element_type, ir.ComplexType):
         return 2 * element_bits(element_type.element_type)
     if isinstance(element_type, (ir.IntegerType, ir.FloatType)):
@@ -168,7 +167,6 @@ def element_bits(element_type: Any) -> int:
 
 def decode_attribute(attr: Any) -> Any:
     """An MLIR attribute as plain Python (ints, strings, tuples, dicts); ``None`` if opaque."""
-    from jaxlib.mlir import ir
     from jaxlib.mlir.dialects import stablehlo
 
     for cls in (ir.DenseI64ArrayAttr, ir.DenseBoolArrayAttr, ir.DenseI32ArrayAttr):
@@ -260,9 +258,7 @@ class _Reader:
         self.call_counts: dict[str, int] = {}
         self.trace: list[tuple[Any, bool]] | None = None
 
-    def program(self) -> Program:
-        from jaxlib.mlir import ir
-
+    def program(self, *, text: str = "") -> Program:
         entry = self._entry_function()
         block = entry.regions[0].blocks[0]
         names = ir.AsmState(entry)
@@ -285,6 +281,7 @@ class _Reader:
             ops=tuple(self.ops),
             arguments=tuple(arguments),
             results=tuple(results),
+            text=text,
         )
 
     def _entry_function(self) -> Any:
@@ -368,8 +365,6 @@ class _Reader:
 
     def _inline_call(self, mlir_op: Any, op_id: int, env: dict[Any, int], *, loc: str, depth: int) -> tuple[int, ...]:
         """Walk a fresh copy of the callee's body inside region 0 of the call op."""
-        from jaxlib.mlir import ir
-
         callee_name = mlir_op.attributes["callee"].value
         callee = self.functions.get(callee_name)
         if callee is None:
