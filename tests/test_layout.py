@@ -106,3 +106,13 @@ def test_the_layering_check_sees_a_violation(tmp_path):
     sample = tmp_path / "sample.py"
     sample.write_text("def f():\n    from toast.cost.model import CostModel\n    return CostModel\n")
     assert _imports(sample) == {"toast.cost.model", "toast.cost.model.CostModel"}
+
+
+def test_only_public_jax_apis():
+    """jax's private modules (``jax._src``) change without notice; toast uses the public ones."""
+    private = [f"{path.relative_to(PACKAGE.parent)}: {target}" for path in sorted(PACKAGE.rglob("*.py"))
+               for node in ast.walk(ast.parse(path.read_text()))
+               for target in ([node.module] if isinstance(node, ast.ImportFrom) and node.module
+                              else [alias.name for alias in node.names] if isinstance(node, ast.Import) else [])
+               if target.startswith("jax._src")]
+    assert not private

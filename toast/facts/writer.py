@@ -24,12 +24,12 @@ def program_facts(program: Program) -> tuple[Facts, DimensionNames]:
     """All input facts for ``program`` and the meaning of every dimension name."""
     names = number_names(program)
     facts: Facts = {relation.name: [] for relation in INPUTS}
-    values = program.values
-    facts["def_dim"] = [(name, value_id, dim, values[value_id].shape[dim])
-                        for name, (value_id, dim) in enumerate(names.defs)]
-    facts["operand"] = [(site.op, site.operand, use_id, site.value) for use_id, site in enumerate(names.use_sites)]
-    facts["use_dim"] = [(site.first_name + dim, use_id, dim) for use_id, site in enumerate(names.use_sites)
-                        for dim in range(len(values[site.value].shape))]
+    facts["def_dim"] = [(base + dim, value.id, dim, size) for value, base in zip(program.values, names.def_base,
+                                                                              strict=True)
+                        for dim, size in enumerate(value.shape)]
+    facts["operand"] = [(op, operand, use_id, value) for use_id, (op, operand, value, _) in enumerate(names.use_sites)]
+    facts["use_dim"] = [(first + dim, use_id, dim) for use_id, (_, _, value, first) in enumerate(names.use_sites)
+                        for dim in range(len(program.values[value].shape))]
     for op in program.ops:
         facts["op"].append((op.id, op.kind))
         for index, value_id in enumerate(op.results):
