@@ -125,7 +125,7 @@ def _fake_souffle(directory: Path, body: str) -> None:
 def test_souffle_failure_reports_its_stderr(tmp_path, monkeypatch, capsys):
     _fake_souffle(tmp_path, 'echo "Error: syntax error, unexpected ( in file x.dl at line 3" >&2; exit 1')
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
-    _fails_with_one_line(["analyze", MLP, "--engine", "souffle"], capsys, "unexpected ( in file x.dl at line 3")
+    _fails_with_one_line(["analyze", MLP, "--engine", "souffle"], capsys, "x.dl:3: syntax error, unexpected ( (souffle)")
 
 
 def test_souffle_timeout(tmp_path, monkeypatch, capsys):
@@ -182,8 +182,6 @@ def test_graph_svg_with_graphviz(tmp_path, capsys):
 def test_graph_bad_colors(capsys):
     _fails_with_one_line(["graph", ATTENTION, "--color", "9", "--engine", "embedded"], capsys,
                          "--color 9: no such color (this program has colors 0..3)")
-    _fails_with_one_line(["graph", ATTENTION, "--color", "1", "--engine", "embedded"], capsys,
-                         "--color 1: color 1 has no conflicts (colors with conflicts: 0)")
     _fails_with_one_line(["graph", ATTENTION, "--color", "seq", "--engine", "embedded"], capsys,
                          "--color seq: a color is a number")
 
@@ -193,4 +191,20 @@ def test_graph_svg_without_graphviz(tmp_path, monkeypatch, capsys):
     out = tmp_path / "s.svg"
     _fails_with_one_line(["graph", ATTENTION, "--color", "0", "--engine", "embedded", "-o", str(out)], capsys,
                          "--format svg: Graphviz is not installed; install Graphviz")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_graph_of_a_color_without_conflicts(capsys):
+    code, out, _ = _run(["graph", ATTENTION, "--color", "1", "--engine", "embedded"], capsys)
+    assert code == 0 and "digraph \"color_1\"" in out and "color=red" not in out
+
+
+@pytest.mark.parametrize(("name", "extra", "message"), [
+    ("g.png", [], "toast writes .dot, .gv or .svg graphs, not '.png'"),
+    ("g.dot", ["--format", "svg"], "a dot file name, but --format svg"),
+])
+def test_graph_refuses_an_output_it_would_not_write_faithfully(tmp_path, capsys, monkeypatch, name, extra, message):
+    monkeypatch.setattr("toast.analysis.named_dimensions.analyze", lambda *a, **k: pytest.fail("analyzed"))
+    out = tmp_path / name
+    _fails_with_one_line(["graph", ATTENTION, "--color", "0", "-o", str(out), *extra], capsys, message)
     assert list(tmp_path.iterdir()) == []

@@ -196,7 +196,7 @@ def test_validate_refuses_a_strategy_for_another_program(mlp_strategy, tmp_path,
 @pytest.mark.parametrize("content, devices, message", [
     (None, "4", "--devices 4, but the strategy's mesh batch=4,model=2 has 8 devices"),
     ("{not json", "8", "s.json:1:2: not a strategy file (invalid JSON"),
-    ('{"mesh": {"axes": [["batch", 4]]}}', "4", "not a strategy file: no 'fingerprint', 'hardware', 'state'"),
+    ('{"mesh": {"axes": [["batch", 4]]}}', "4", "not a valid strategy file: 'fingerprint' is a required property"),
 ])
 def test_validate_bad_input(content, devices, message, mlp_strategy, tmp_path, capsys):
     path = mlp_strategy

@@ -6,8 +6,10 @@ Problems the user can fix print one line ``toast: error: ...`` and exit 2; no tr
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from toast.errors import ToastError
 
@@ -21,13 +23,18 @@ def _add_analysis_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--variant", default="default", help="analysis variant (rules/variants/NAME.toml) or TOML path")
     parser.add_argument("--keep", metavar="DIR", help="keep facts, assembled program and engine outputs in DIR")
     parser.add_argument("--timeout", type=float, default=600.0, metavar="S", help="engine time limit, seconds")
+    parser.add_argument("--arg", action="append", default=[], metavar="NAME=VALUE",
+                        help="keyword argument for a module:function factory, e.g. --arg layers=12 (repeatable; "
+                        "also module:function?layers=12&batch=8)")
 
 
-def _parse_dim(text: str) -> tuple[str, int]:
-    value, sep, dim = text.rpartition(":")
-    if not sep or not value or not dim.isdigit():
-        raise ToastError(f"dimension '{text}' should be VALUE:DIM, e.g. x:0 or result[0]:1")
-    return value, int(dim)
+def _check_dim(text: str) -> str:
+    """A dim as the user wrote it, after checking it reads as ``VALUE:DIM`` or ``VALUE[DIM]``."""
+    from toast.analysis.naming import dim_spellings
+
+    if not dim_spellings(text):
+        raise ToastError(f"dimension '{text}' should be VALUE:DIM or VALUE[DIM], e.g. x:0, tok[1] or result[0]:1")
+    return text
 
 
 def _parse_color(text: str) -> int:
@@ -44,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     analyze_parser.add_argument("--json", metavar="FILE", help="write the analysis as JSON to FILE")
     explain_parser = commands.add_parser("explain", help="why two dims share a color")
     _add_analysis_options(explain_parser)
-    explain_parser.add_argument("dim_a", metavar="DIM_A", help="VALUE:DIM as the JSON names it, e.g. x:0")
+    explain_parser.add_argument("dim_a", metavar="DIM_A", help="VALUE:DIM as the JSON names it, e.g. x:0, or VALUE[DIM] as the summary prints it")
     explain_parser.add_argument("dim_b", metavar="DIM_B", help="VALUE:DIM, e.g. result[0]:0")
     graph_parser = commands.add_parser("graph", help="draw the dimension graph of a color with its conflicts")
     _add_analysis_options(graph_parser)
@@ -76,6 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     validate_parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     validate_parser.add_argument("--json", metavar="FILE", help="write the agreement as JSON to FILE")
     options = parser.parse_args(argv)
+    # XLA's client logs its device count at INFO on stderr; keep stderr for toast's own lines.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     try:
         return _run(options)
     except ToastError as err:
@@ -86,14 +95,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def _output_options(options: argparse.Namespace) -> list[tuple[str, str]]:
+    """``(option, path)`` of every file the command was asked to write."""
+    named = (("--json", "json"), ("-o", "output"), ("--emit", "emit"))
+    return [(flag, getattr(options, attr)) for flag, attr in named if getattr(options, attr, None)]
+
+
 def _run(options: argparse.Namespace) -> int:
     from toast.analysis.explain import explain, format_explanation
     from toast.analysis.named_dimensions import analyze
-    from toast.output.files import write_json_atomic, write_text_atomic
+    from toast.frontend.loading import parse_factory_arguments
+    from toast.output.files import Output, check_output, json_text, write_outputs
     from toast.output.report import summary, to_json
 
+    # Every file the command will write is checked before any work (and written all or none).
+    for option, path in _output_options(options):
+        check_output(path, option=option)
+    factory_arguments = {name: value for entry in options.arg for name, value in parse_factory_arguments(entry).items()}
     if options.command == "explain":
-        first, second = _parse_dim(options.dim_a), _parse_dim(options.dim_b)
+        dims = (_check_dim(options.dim_a), _check_dim(options.dim_b))
     if options.command == "shard":
         from toast.cost.hardware import load_hardware
         from toast.sharding.mesh import parse_mesh
@@ -116,16 +136,18 @@ def _run(options: argparse.Namespace) -> int:
         hardware = load_hardware(str(document["hardware"]))
     if options.command == "graph":
         color = _parse_color(options.color)
-        graph_format = options.format or ("svg" if (options.output or "").endswith(".svg") else "dot")
+        from toast.output.dimension_graph import graph_format as choose_format
+
+        graph_format = choose_format(options.output, options.format)
         if graph_format == "svg":
             from toast.output.dimension_graph import require_graphviz
 
             require_graphviz()  # before the analysis: fail fast
     analysis = analyze(options.input, engine=options.engine, rules=options.rules, variant=options.variant,
-                       keep=options.keep, timeout_s=options.timeout)
+                       keep=options.keep, timeout_s=options.timeout, factory_arguments=factory_arguments)
     if options.command == "analyze":
         if options.json:
-            write_json_atomic(to_json(analysis), options.json)
+            write_outputs([Output("--json", Path(options.json), json_text(to_json(analysis)))])
         print(summary(analysis), end="")
         return 0
     if options.command == "shard":
@@ -139,17 +161,21 @@ def _run(options: argparse.Namespace) -> int:
         if graph_format == "svg":
             text = render_svg(text)
         if options.output:
-            write_text_atomic(text, options.output)
+            write_outputs([Output("-o", Path(options.output), text)])
         else:
             sys.stdout.write(text)
         return 0
+    from toast.analysis.naming import resolve_dim
+
+    first, second = (resolve_dim(analysis, text) for text in dims)
     print(format_explanation(analysis, explain(analysis, first, second)))
     return 0
 
 
 def _shard(options: argparse.Namespace, analysis, mesh, hardware, roles) -> int:
     from toast.cost.model import CostModel
-    from toast.output.files import write_json_atomic, write_text_atomic
+    from toast.output.files import Output, json_text, write_outputs
+    from toast.output.report import human_bytes, human_seconds
     from toast.output.strategy_file import strategy_json
     from toast.sharding.state import ShardingModel
     from toast.sharding.strategies import manual_strategy
@@ -159,29 +185,30 @@ def _shard(options: argparse.Namespace, analysis, mesh, hardware, roles) -> int:
     cost = CostModel(model, hardware).evaluate(state)
     document = strategy_json(model, state, actions, cost, source=options.input, hardware=hardware.name,
                              name=options.strategy)
-    emitted = None
+    outputs = []
+    if options.output:
+        outputs.append(Output("-o", Path(options.output), json_text(document)))
     if options.emit:
         from toast.output.sharded_stablehlo import sharded_module_text
 
-        emitted = sharded_module_text(model, state)  # before any file is written
-    if options.output:
-        write_json_atomic(document, options.output)
-    if emitted is not None:
-        write_text_atomic(emitted, options.emit)
+        outputs.append(Output("--emit", Path(options.emit), sharded_module_text(model, state)))
+    write_outputs(outputs)
     kinds: dict[str, int] = {}
     for collective in cost.collectives:
         key = f"{collective.kind} over {'+'.join(collective.axes)}"
         kinds[key] = kinds.get(key, 0) + 1
     print(f"{analysis.program.name}: strategy {options.strategy} on mesh {mesh.spec()} ({hardware.name}), "
           f"{len(actions)} actions, roles from {roles.source}")
-    print(f"step time {cost.runtime_s * 1e3:.3f} ms (compute {cost.compute_s * 1e3:.3f} ms), peak memory "
-          f"{cost.peak_bytes / 2**20:.1f} MiB per device, relative cost {cost.relative:.3f}")
+    print(f"step time {human_seconds(cost.runtime_s)} (compute {human_seconds(cost.compute_s)}), peak memory "
+          f"{human_bytes(cost.peak_bytes)} per device")
+    print(f"relative cost {cost.relative:.3f}: the step time over the unsharded program's on one device"
+          + (", plus the penalty for memory over the device's" if cost.peak_bytes > hardware.hbm_bytes else ""))
     print("collectives: " + (", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "none"))
     return 0
 
 
 def _validate(options: argparse.Namespace, analysis, document, mesh, hardware) -> int:
-    from toast.output.files import write_json_atomic
+    from toast.output.files import Output, json_text, write_outputs
     from toast.output.strategy_file import strategy_state
     from toast.sharding.state import ShardingModel
     from toast.xla.validate import agreement_json, format_agreement, validate
@@ -193,7 +220,7 @@ def _validate(options: argparse.Namespace, analysis, document, mesh, hardware) -
           f"{mesh.devices} host CPU devices")
     print(format_agreement(agreement), end="")
     if options.json:
-        write_json_atomic(agreement_json(agreement), options.json)
+        write_outputs([Output("--json", Path(options.json), json_text(agreement_json(agreement)))])
     if not agreement.numerics.match:
         print("toast: error: the sharded program's outputs differ from the unsharded program's", file=sys.stderr)
         return 1

@@ -7,9 +7,11 @@ compatibility sets, and the grouping of isomorphic sets (``toast.analysis.layers
 
 Both steps that Datalog would state quadratically run here in linear time: reachability for
 the crossing check is one pass of bitsets over the strongly connected components of the
-dimension graph (only the colors that have boxes), and the reflexive, symmetric, transitive
-closure is a union-find that also tracks orientation (which endpoint of one conflict goes
-with which endpoint of the other).
+dimension graph (only the colors that have boxes; one more pass per ``while`` body with
+boxes, which is checked as one iteration, like one unrolled layer, see
+``toast.analysis.dimension_graph``), and the reflexive, symmetric, transitive closure is a
+union-find that also tracks orientation (which endpoint of one conflict goes with which
+endpoint of the other).
 
 Resolutions. A compatibility set has two resolutions. Resolution 0 shards, for the set's first
 conflict (program order), the endpoint holding that conflict's smaller dim where it first
@@ -34,7 +36,7 @@ from toast.analysis.conflict_types import (
     ConflictSite,
     ResolutionGroup,
 )
-from toast.analysis.dimension_graph import NodeGraph
+from toast.analysis.dimension_graph import Loops, NodeGraph
 from toast.analysis.layers import group_isomorphic
 from toast.facts.numbering import DimensionNames
 from toast.frontend.ir import Program
@@ -103,13 +105,19 @@ def build_conflicts(program: Program, names: DimensionNames, color_of: np.ndarra
         key=lambda c: (site_position(c.site), c.site.kind, c.site.operand, c.site.dims),
     ))
 
-    graph = NodeGraph.of(color_of, node_of, m_edges, colors={c.color for c in conflicts})
-    boxes = sorted({
-        (conflict_id[(def_a, def_b)], conflict_id[(min(use_a, use_b), max(use_a, use_b))],
-         int(use_a > use_b), def_a, def_b, use_a, use_b)
-        for def_a, def_b, use_a, use_b, _, _ in outputs["box"]
-    })
-    crossed = graph.crossed([(def_a, def_b, use_a, use_b) for *_, def_a, def_b, use_a, use_b in boxes])
+    graph = NodeGraph.of(color_of, node_of, m_edges, colors={c.color for c in conflicts},
+                         loops=Loops.of(program, names))
+    # A box is a pair of conflicts with its four corners; it may sit on several tensors (one
+    # definition and use each), and it is crossed when a path crosses it on any of them.
+    instances: dict[tuple[int, ...], list[tuple[int, int, int, int, int, int]]] = defaultdict(list)
+    for def_a, def_b, use_a, use_b, value, use in outputs["box"]:
+        key = (conflict_id[(def_a, def_b)], conflict_id[(min(use_a, use_b), max(use_a, use_b))],
+               int(use_a > use_b), def_a, def_b, use_a, use_b)
+        instances[key].append((def_a, def_b, use_a, use_b, value, use))
+    boxes = sorted(instances)
+    rows = [row for key in boxes for row in instances[key]]
+    crossed_rows = iter(graph.crossed(rows, names))
+    crossed = [any([next(crossed_rows) for _ in instances[key]]) for key in boxes]
 
     # Closure with orientation: parity[c] says whether c's endpoint 0 goes with its root's 0.
     parent = list(range(len(conflicts)))

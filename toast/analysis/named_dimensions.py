@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,6 +83,42 @@ class Identity:
 
 
 @dataclass(frozen=True, slots=True)
+class Pin:
+    """A sharding the program itself asks for on one value: the search is to keep it.
+
+    Recorded for ``sdy.sharding_constraint`` (``jax.lax.with_sharding_constraint``),
+    ``sdy.reshard`` and GSPMD's ``stablehlo.custom_call @Sharding`` (``mhlo.sharding``; not
+    the ``{manual}`` ones of a shard_map nor shard_alike's ``{unknown shard_as N}``). The
+    rules treat these ops as pass-through (colors are those of the program without them);
+    the requested sharding lives only here, not in the facts.
+
+    Attributes:
+      value: the constrained value (the op's result), named as the JSON names it.
+      value_id: its id in ``program.values``; its definition dims carry the pin.
+      kind: the op, as unruled ops are named (``sdy.sharding_constraint``,
+        ``stablehlo.custom_call @Sharding``).
+      loc: ``file:line`` of the user's Python, ``""`` if unknown.
+      axes: per dim, the mesh axes asked for, major to minor (a sub-axis as ``"x:(1)2"``);
+        ``None`` when the sharding names no axes (a GSPMD ``mhlo.sharding`` string).
+      open: per dim, whether more axes may be added (Shardy's ``{"x", ?}``); all false
+        for GSPMD.
+      tiles: per dim, the number of shards a GSPMD sharding asks for (``{devices=[4,2]<=[8]}``
+        gives ``(4, 2)``, ``{replicated}`` all 1); ``None`` for Shardy (see ``axes``) or a
+        GSPMD sharding that is not tiled (maximal, tuple).
+      sharding: the requested sharding as written in the module.
+    """
+
+    value: str
+    value_id: int
+    kind: str
+    loc: str
+    axes: tuple[tuple[str, ...], ...] | None
+    open: tuple[bool, ...]
+    tiles: tuple[int, ...] | None
+    sharding: str
+
+
+@dataclass(frozen=True, slots=True)
 class Analysis:
     """Result of the named-dimension analysis.
 
@@ -100,6 +136,7 @@ class Analysis:
       conflicts: sharding conflicts, compatibility sets and resolution groups (sections 3.3-3.6).
       invalid: rows of the ``invalid_*`` invariants of both stages (empty when the rules are sound).
       stats: counts and seconds per phase.
+      pins: shardings the program asks for on its values (``Pin``), in program order.
     """
 
     program: Program
@@ -114,6 +151,7 @@ class Analysis:
     conflicts: Conflicts
     invalid: tuple[tuple, ...]
     stats: dict[str, Any]
+    pins: tuple[Pin, ...] = ()
 
     def dim_name(self, value: str, dim: int) -> int:
         """The dimension name of ``value``'s definition dim ``dim`` (JSON naming)."""
@@ -147,6 +185,7 @@ def analyze(
     variant: str = "default",
     keep: str | Path | None = None,
     timeout_s: float = 600.0,
+    factory_arguments: Mapping[str, Any] | None = None,
 ) -> Analysis:
     """Run the named-dimension analysis.
 
@@ -159,11 +198,12 @@ def analyze(
       variant: analysis variant name (``rules/variants/<name>.toml``) or a TOML path.
       keep: directory that keeps the facts, the assembled program and the engine outputs.
       timeout_s: limit for the Datalog engine, in seconds.
+      factory_arguments: keyword arguments for a ``module:function`` factory (``layers=12``).
     """
     chosen = pick_engine(engine)
     timings: dict[str, float] = {}
     start = time.perf_counter()
-    program = source if isinstance(source, Program) else load_program(source, args=args, fn=fn)
+    program = source if isinstance(source, Program) else load_program(source, args=args, fn=fn, factory_arguments=factory_arguments)
     timings["read"] = time.perf_counter() - start
 
     start = time.perf_counter()
@@ -275,7 +315,49 @@ def _build(program: Program, names: DimensionNames, outputs: dict[str, list[tupl
         conflicts=conflicts,
         invalid=invalid,
         stats=stats,
+        pins=program_pins(program),
     )
+
+
+def program_pins(program: Program) -> tuple[Pin, ...]:
+    """The shardings ``program``'s constraint ops ask for (see ``Pin``)."""
+    pins = []
+    for op in program.ops:
+        if len(op.results) != 1:
+            continue
+        value = program.values[op.results[0]]
+        if op.kind in ("sdy.sharding_constraint", "sdy.reshard"):
+            requested = op.attr("sharding")
+            if not isinstance(requested, dict):
+                continue
+            mesh = f"@{requested['mesh']}" if requested["mesh"] else "mesh<...>"
+            dims = ", ".join("{" + ", ".join([f'"{a}"' for a in axes] + ["?"] * is_open) + "}"
+                             for axes, is_open in zip(requested["dims"], requested["open"], strict=True))
+            pins.append(Pin(value.name, value.id, op.kind, op.loc, requested["dims"],
+                            tuple(bool(o) for o in requested["open"]), None, f"<{mesh}, [{dims}]>"))
+        elif op.kind == "stablehlo.custom_call" and op.attr("call_target_name") == "Sharding":
+            text = str(op.attr("mhlo.sharding", ""))
+            if not text or text.startswith("{unknown") or "manual" in text.split("last_tile_dims")[0]:
+                continue  # shard_map's manual plumbing, shard_alike's "{unknown shard_as N}": no request
+            pins.append(Pin(value.name, value.id, _kind_label(program, op.id, op.kind), op.loc, None,
+                            (False,) * len(value.shape), _gspmd_tiles(text, len(value.shape)), text))
+    return tuple(pins)
+
+
+def _gspmd_tiles(text: str, rank: int) -> tuple[int, ...] | None:
+    """Shards per dim of a GSPMD ``HloSharding`` string: ``{devices=[2,1,4]<=[8]
+    last_tile_dim_replicate}`` -> ``(2, 1)``; ``{replicated}`` -> all 1; ``None`` otherwise."""
+    body = text.strip().removeprefix("{").removesuffix("}").strip()
+    if body == "replicated":
+        return (1,) * rank
+    if not body.startswith("devices=[") or "{" in body.split("last_tile_dims=")[0]:
+        return None  # maximal, tuple or an unknown form
+    tiles = tuple(int(t) for t in body[len("devices=["):body.index("]")].split(","))
+    if "last_tile_dim_replicate" in body:
+        tiles = tiles[:-1]
+    elif "last_tile_dims=" in body:
+        tiles = tiles[:rank]
+    return tiles if len(tiles) == rank else None
 
 
 def _kind_label(program: Program, op_id: int, kind: str) -> str:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from toast.errors import ToastError
-from toast.frontend.ir import Value
+from toast.frontend.ir import TERMINATORS, Value
 from toast.sharding.state import ShardingModel, ShardingState
 
 
@@ -91,7 +91,7 @@ class CommunicationModel:
         splittable = np.zeros(use_count, dtype=bool)
         reducing = np.zeros(use_count, dtype=bool)
         reduced_dims = {op.id: _reduced_dims(op) for op in program.ops}
-        terminators = {op.id for op in program.ops if op.kind in ("func.return", "stablehlo.return")}
+        terminators = {op.id for op in program.ops if op.kind in TERMINATORS}
         for offset, (op_id, operand, dim) in enumerate(names.uses):
             value_id = program.ops[op_id].operands[operand]
             self.use_def[offset] = names.def_base[value_id] + dim

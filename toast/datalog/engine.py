@@ -8,15 +8,18 @@ and on request keeps the program, facts and outputs for a user to rerun by hand.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+import signal
 import tempfile
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from toast.datalog.souffle import run_souffle, souffle_binary, write_relations
 from toast.datalog.variants import PROGRAM_NAME
-from toast.errors import ToastError
+from toast.errors import EngineError, ToastError
 from toast.facts.schema import Relation, check_rows
 
 EngineName = Literal["auto", "souffle", "embedded"]
@@ -42,7 +45,8 @@ def evaluate(text: str, facts: dict[str, list[tuple]], outputs: Sequence[Relatio
       outputs: the output relations to read back (from ``toast.facts.schema``).
       engine: ``souffle`` or ``embedded`` (see ``pick_engine``).
       keep: directory to move ``program.dl``, ``facts/`` and ``out/`` into.
-      timeout_s: limit for Soufflé, in seconds.
+      timeout_s: limit for the engine's run, in seconds (Soufflé's one-time compile of a program
+        has its own limit, ``souffle.COMPILE_TIMEOUT_S``).
     """
     output_types = {r.name: [t for _, t in r.columns] for r in outputs}
     workdir = Path(tempfile.mkdtemp(prefix="toast-"))
@@ -54,7 +58,8 @@ def evaluate(text: str, facts: dict[str, list[tuple]], outputs: Sequence[Relatio
         else:
             from toast.datalog import run_embedded_file
 
-            results = run_embedded_file(program_file, facts, list(output_types))
+            with _time_limit(timeout_s, what="the embedded engine"):
+                results = run_embedded_file(program_file, facts, list(output_types))
             if keep is not None:
                 write_relations(facts, workdir / "facts", suffix=".facts")
                 write_relations(results, workdir / "out", suffix=".csv")
@@ -68,3 +73,32 @@ def evaluate(text: str, facts: dict[str, list[tuple]], outputs: Sequence[Relatio
         return {name: sorted(check_rows(name, rows)) for name, rows in results.items()}
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+class _TimeUp(BaseException):
+    """Raised by the alarm inside a run that outlasts its limit. A ``BaseException``, like
+    ``KeyboardInterrupt``, so that the engine's own ``except Exception`` does not take it."""
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float, *, what: str) -> Iterator[None]:
+    """Stop the block after ``seconds`` with a one-line ``EngineError``. The embedded engine is
+    pure Python, so the limit is an interval timer's signal; it holds in the main thread of a
+    POSIX process (the command line), and elsewhere the block runs unlimited."""
+    usable = hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+    if not usable or seconds <= 0:
+        yield
+        return
+
+    def expire(_signum: int, _frame: Any) -> None:
+        raise _TimeUp
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    except _TimeUp:
+        raise EngineError(f"{what} timed out after {seconds:g} s; raise --timeout") from None
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

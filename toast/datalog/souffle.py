@@ -11,12 +11,18 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from toast.errors import EngineError
+
+# Soufflé's one-time compile of a rule program to C++ and a binary: not part of ``--timeout``,
+# which limits the run.
+COMPILE_TIMEOUT_S = 1800.0
 
 INSTALL_HINT = (
     "install Soufflé (https://souffle-lang.github.io/install, e.g. build it from "
@@ -85,29 +91,35 @@ def run_souffle(
         command = [str(binary), *run_args]
     else:
         command = [souffle, *run_args, str(program_file)]
-    _run(command, what="souffle", timeout_s=timeout_s, cwd=workdir)
+    _run(command, what="souffle", timeout_s=timeout_s, cwd=workdir, sources=included_files(program_file))
     return read_outputs(out_dir, output_types)
 
 
 def _compiled_binary(souffle: str, program_file: Path, *, workdir: Path, timeout_s: float) -> Path:
-    """Compile once per distinct (souffle, preprocessed program) and reuse the binary."""
+    """Compile once per distinct (souffle, preprocessed program) and reuse the binary. Reading the
+    program counts towards ``timeout_s``; the compile itself has ``COMPILE_TIMEOUT_S``."""
     preprocessed = _run([souffle, "--show=transformed-datalog", str(program_file)], what="souffle",
-                        timeout_s=timeout_s, cwd=workdir)
+                        timeout_s=timeout_s, cwd=workdir, sources=included_files(program_file))
     digest = hashlib.sha256((souffle + "\0" + preprocessed).encode()).hexdigest()[:24]
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "toast" / "souffle"
     binary = cache / digest / "program"
     if not binary.is_file():
         build = cache / f"{digest}.tmp{os.getpid()}"
         build.mkdir(parents=True, exist_ok=True)
+        # The one-time compile is slow (about a minute): say so, and where the binary is kept.
+        print(f"toast: compiling the rule program with Soufflé (once per rule set; cached in {cache / digest})",
+              file=sys.stderr, flush=True)
         _run([souffle, "-o", str(build / "program"), str(program_file)], what="souffle compile",
-             timeout_s=timeout_s, cwd=build)
+             timeout_s=COMPILE_TIMEOUT_S, cwd=build)
+        if not (build / "program").is_file():
+            raise EngineError(f"souffle compile wrote no binary ({build / 'program'})")
         (cache / digest).mkdir(parents=True, exist_ok=True)
         os.replace(build / "program", binary)
         shutil.rmtree(build, ignore_errors=True)
     return binary
 
 
-def _run(command: list[str], *, what: str, timeout_s: float, cwd: Path) -> str:
+def _run(command: list[str], *, what: str, timeout_s: float, cwd: Path, sources: Sequence[Path] = ()) -> str:
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, cwd=cwd)
     except subprocess.TimeoutExpired:
@@ -115,6 +127,27 @@ def _run(command: list[str], *, what: str, timeout_s: float, cwd: Path) -> str:
     except OSError as err:
         raise EngineError(f"{what}: cannot run {command[0]}: {err.strerror}") from None
     if done.returncode != 0 or "Error:" in done.stderr:
-        message = " | ".join(line.strip() for line in done.stderr.strip().splitlines()[:3]) or f"exit {done.returncode}"
-        raise EngineError(f"{what} failed: {message}")
+        lines = [line.strip() for line in done.stderr.strip().splitlines() if line.strip()]
+        raise EngineError(_error_line(what, lines, sources) if lines else f"{what} failed: exit {done.returncode}")
     return done.stdout
+
+
+_WHERE = re.compile(r"^Error: (?P<message>.*) in file (?P<file>\S+) at line (?P<line>\d+)$")
+
+
+def _error_line(what: str, lines: Sequence[str], sources: Sequence[Path]) -> str:
+    """One line for Soufflé's error output: ``path:line: message`` when Soufflé names a file,
+    which it does by base name only, resolved against the files the program includes (the
+    user's override of a package file, not the package file), else its first lines."""
+    found = _WHERE.match(lines[0])
+    if found:
+        matches = [s for s in sources if s.name == found["file"]]
+        where = str(matches[0]) if len(matches) == 1 else found["file"]
+        return f"{where}:{found['line']}: {found['message']} (souffle)"
+    return f"{what} failed: {' | '.join(lines[:3])}"
+
+
+def included_files(program_file: Path) -> list[Path]:
+    """The files an assembled program ``#include``s (``templates/program.dl.j2`` writes one
+    absolute path per line)."""
+    return [Path(m.group(1)) for m in re.finditer(r'^#include "([^"]+)"$', program_file.read_text(), re.M)]

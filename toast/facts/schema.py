@@ -55,9 +55,10 @@ INPUTS: tuple[Relation, ...] = (
          "Result Index of Op defines Value."),
     _rel("block_arg", "Op:number, Region:number, Index:number, Value:number",
          "Argument Index of the entry block of region Region of Op defines Value "
-         "(while/case regions; the inlined callee body of a func.call is region 0)."),
+         "(while/case regions, sdy.manual_computation/named_computation bodies; the inlined callee "
+         "body of a func.call is region 0)."),
     _rel("region_return", "Op:number, Region:number, Return:number",
-         "Return is the terminator (stablehlo.return / func.return) of region Region of Op."),
+         "Return is the terminator (stablehlo.return / func.return / sdy.return) of region Region of Op."),
     _rel("def_dim", "Name:number, Value:number, Dim:number, Size:number",
          "Name is the fresh dimension name of dimension Dim (of Size elements) of Value's definition."),
     _rel("use_dim", "Name:number, Use:number, Dim:number",
@@ -118,6 +119,9 @@ INPUTS: tuple[Relation, ...] = (
          "scatter Op: scatter-indices dim IndicesDim pairs with update scatter dim UpdateDim."),
     _rel("scatter_input_batch", "Op:number, InputDim:number, IndicesDim:number",
          "scatter Op: explicit batching dim InputDim of the inputs pairs with indices dim IndicesDim."),
+    _rel("sharding_group", "Op:number, Group:number",
+         "sdy.sharding_group Op tags its operand with group_id Group: all values of one group are "
+         "sharded alike."),
 )
 
 OUTPUTS: tuple[Relation, ...] = (

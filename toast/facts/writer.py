@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from toast.errors import InputError
 from toast.facts.numbering import DimensionNames, number_names
 from toast.facts.schema import INPUTS
-from toast.frontend.ir import Op, Program
+from toast.frontend.ir import TERMINATORS, Op, Program
 
 Facts = dict[str, list[tuple]]
 
@@ -37,7 +37,7 @@ def program_facts(program: Program) -> tuple[Facts, DimensionNames]:
         for region, args in enumerate(op.regions):
             for index, value_id in enumerate(args):
                 facts["block_arg"].append((op.id, region, index, value_id))
-        if op.parent is not None and op.kind in ("stablehlo.return", "func.return"):
+        if op.parent is not None and op.kind in TERMINATORS:
             facts["region_return"].append((op.parent[0], op.parent[1], op.id))
         try:
             for relation, row in _attribute_facts(op, program):
@@ -92,6 +92,8 @@ def _attribute_facts(op: Op, program: Program) -> Iterator[tuple[str, tuple]]:
         yield from _gather(op, program)
     elif kind == "scatter":
         yield from _scatter(op, program)
+    elif kind == "sdy.sharding_group":
+        yield "sharding_group", (op.id, dict(op.attrs)["group_id"])
 
 
 def _dot_general(op: Op, program: Program) -> Iterator[tuple[str, tuple]]:

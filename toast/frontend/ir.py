@@ -14,6 +14,9 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
+# Ops that end a region and hand its values on (a loop body's next carry, a call's results).
+TERMINATORS = frozenset({"stablehlo.return", "func.return", "sdy.return"})
+
 
 @dataclass(frozen=True, slots=True)
 class Value:

@@ -8,9 +8,14 @@ spec becomes a callable; it uses the standard library's ``pkgutil.resolve_name``
 
 from __future__ import annotations
 
+import ast
+import importlib
+import os
 import pkgutil
-from collections.abc import Callable, Sequence
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from toast.errors import InputError, ToastError
@@ -19,28 +24,70 @@ from toast.frontend.ir import Program
 
 
 def resolve_factory(spec: str) -> Callable[..., Any]:
-    """The callable named by ``module:function`` (``function`` may be dotted).
+    """The callable named by ``module:function`` (``function`` may be dotted). A module that is
+    not importable from ``sys.path`` is looked for in the current directory too, as
+    ``python -m`` would find it.
 
     Raises:
       InputError: not ``module:function``, the module cannot be imported, or it has no such
-        callable.
+        callable (the message lists the ones it has).
     """
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise InputError(f"{spec}: not module:function (e.g. toast.examples.mlp:mlp)")
     try:
-        found = pkgutil.resolve_name(spec)
+        module = _import(module_name)
     except ImportError as err:
         raise InputError(f"{spec}: cannot import module '{module_name}': {err}") from None
-    except (AttributeError, ValueError):
-        raise InputError(f"{spec}: module '{module_name}' has no function '{attr}'") from None
+    try:
+        found = pkgutil.resolve_name(spec)
+    except (AttributeError, ValueError, ImportError):
+        found = None
     if not callable(found):
-        raise InputError(f"{spec}: '{attr}' in module '{module_name}' is not a function")
+        known = sorted(name for name, value in vars(module).items()
+                       if callable(value) and not name.startswith("_")
+                       and getattr(value, "__module__", None) == module.__name__)
+        raise InputError(f"{spec}: module '{module_name}' has no function '{attr}' "
+                         f"(it has: {', '.join(known) or 'none'})")
     return found
 
 
-def load_program(source: str, *, args: Sequence[Any] | None = None, fn: Callable[..., Any] | None = None) -> Program:
-    """Read ``source``: a ``.mlir`` file, ``module:function`` naming a factory, or ``fn``+``args``
+def _import(module_name: str) -> ModuleType:
+    """Import ``module_name``, from the current directory if it is found nowhere else."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        here = os.getcwd()
+        if err.name != module_name.split(".")[0] or here in sys.path:
+            raise
+        sys.path.append(here)  # after the installed packages: it never shadows them
+        return importlib.import_module(module_name)
+
+
+def parse_factory_arguments(text: str) -> dict[str, Any]:
+    """Keyword arguments of a factory, ``layers=12&batch=8`` (the part of a ``module:function``
+    spec after ``?``) or one ``--arg layers=12``: values are Python literals (numbers, strings,
+    ``True``, tuples), else taken as strings.
+
+    Raises:
+      InputError: an entry is not ``NAME=VALUE`` with NAME an identifier.
+    """
+    found: dict[str, Any] = {}
+    for entry in filter(None, text.split("&")):
+        name, sep, value = entry.partition("=")
+        if not sep or not name.isidentifier():
+            raise InputError(f"factory argument '{entry}' should be NAME=VALUE, e.g. layers=12")
+        try:
+            found[name] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            found[name] = value
+    return found
+
+
+def load_program(source: str, *, args: Sequence[Any] | None = None, fn: Callable[..., Any] | None = None,
+                 factory_arguments: Mapping[str, Any] | None = None) -> Program:
+    """Read ``source``: a ``.mlir`` file, ``module:function[?NAME=VALUE&...]`` naming a factory
+    (called with those keyword arguments and ``factory_arguments``), or ``fn``+``args``
     (``source`` is then only the program's label)."""
     if fn is not None:
         return stablehlo.read_callable(fn, args or (), name=source)
@@ -48,7 +95,13 @@ def load_program(source: str, *, args: Sequence[Any] | None = None, fn: Callable
         return stablehlo.read_file(source)
     if ":" not in source:
         raise InputError(f"{source}: not a .mlir file and not module:function")
-    made = resolve_factory(source)()
+    spec, _, query = source.partition("?")
+    keywords = {**parse_factory_arguments(query), **(factory_arguments or {})}
+    factory = resolve_factory(spec)
+    try:
+        made = factory(**keywords)
+    except TypeError as err:
+        raise InputError(f"{source}: cannot call the factory with {keywords or 'no arguments'}: {err}") from None
     if not (isinstance(made, tuple) and len(made) == 2 and callable(made[0])):
         raise InputError(f"{source}: the factory must return (function, example_arguments)")
     function, example_args = made

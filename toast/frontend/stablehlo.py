@@ -19,12 +19,23 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from jaxlib.mlir import ir
-
 from toast.errors import InputError
 from toast.frontend.ir import Op, Program, Value
 
 _MAX_INLINE_DEPTH = 64
+
+# ``jaxlib.mlir.ir``, imported on first use (``_load_ir``) rather than with toast: importing it
+# loads XLA's runtime, which fixes its logging settings then (the CLI quiets them first).
+ir: Any = None
+
+
+def _load_ir() -> Any:
+    global ir
+    if ir is None:
+        from jaxlib.mlir import ir as bindings
+
+        ir = bindings
+    return ir
 
 
 def lower_callable(fn: Callable[..., Any], args: Sequence[Any]) -> str:
@@ -40,14 +51,46 @@ def read_callable(fn: Callable[..., Any], args: Sequence[Any], *, name: str = ""
     return read_text(lower_callable(fn, args), source=name or getattr(fn, "__name__", "fn"))
 
 
+# The first bytes of MLIR bytecode (``Operation.write_bytecode``, StableHLO portable artifacts).
+MLIR_BYTECODE_MAGIC = b"ML\xefR"
+
+
 def read_file(path: str | os.PathLike[str]) -> Program:
-    """Read a StableHLO ``.mlir`` text file."""
+    """Read a StableHLO ``.mlir`` file: text, MLIR bytecode, or a StableHLO portable artifact
+    (the VHLO bytecode ``jax.export`` and ``stablehlo.serialize_portable_artifact`` write)."""
     path = Path(path)
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except OSError as err:
         raise InputError(f"{path}: cannot read: {err.strerror}") from None
+    if data.startswith(MLIR_BYTECODE_MAGIC):
+        return read_text(_bytecode_text(data, source=str(path)), source=str(path))
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise InputError(f"{path}: neither StableHLO text nor MLIR bytecode (byte {err.start} is not UTF-8 "
+                         "and the file does not start with the bytecode header)") from None
     return read_text(text, source=str(path))
+
+
+def _bytecode_text(data: bytes, *, source: str) -> str:
+    """The text (with locations) of a module in MLIR bytecode, or of a StableHLO portable
+    artifact (VHLO), which is upgraded to the current StableHLO first."""
+    _load_ir()
+    from jax.extend.mlir import deserialize_portable_artifact
+    from jax.interpreters import mlir as jax_mlir
+
+    context = jax_mlir.make_ir_context()
+    with context:
+        try:
+            module = ir.Module.parse(data, context=context)
+            if any(op.operation.name.startswith("vhlo.") for op in module.body.operations):
+                module = deserialize_portable_artifact(data, context)  # versioned: upgrade to StableHLO
+        except Exception as err:  # MLIRError, or the bindings' own error types for VHLO
+            diagnostics = getattr(err, "error_diagnostics", None)
+            reason = diagnostics[0].message if diagnostics else (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise InputError(f"{source}: unreadable MLIR bytecode: {reason}") from None
+        return str(module.operation.get_asm(enable_debug_info=True))
 
 
 def read_text(text: str, *, source: str = "<string>") -> Program:
@@ -57,6 +100,7 @@ def read_text(text: str, *, source: str = "<string>") -> Program:
       InputError: malformed text (``source:line:col: message``), no entry function, or a
         value of dynamic shape.
     """
+    _load_ir()
     from jax.interpreters import mlir as jax_mlir
     context = jax_mlir.make_ir_context()
     try:
@@ -88,6 +132,7 @@ def read_module(module: Any, *, source: str) -> tuple[Program, list[tuple[Any, b
       was read from and whether it sits in an inlined callee (one MLIR operation then stands
       for several ops, one per call).
     """
+    _load_ir()
     reader = _Reader(module, source)
     reader.trace = []
     return reader.program(), reader.trace
@@ -110,6 +155,7 @@ def python_location(location: Any) -> str:
     JAX writes ``NameLoc("jit(f)/dot_general", CallSiteLoc(callee, caller))`` chains whose
     innermost callee is the user's own line.
     """
+    _load_ir()
     pending = [location]
     while pending:
         loc = pending.pop()
@@ -158,6 +204,7 @@ _BITS: dict[str, int] = {}
 def element_bits(element_type: Any) -> int:
     """Bits of one element as the MLIR type states them (a complex number is two of its
     parts); 0 for a type without a width (quantized, opaque)."""
+    _load_ir()
     if isinstance(element_type, ir.ComplexType):
         return 2 * element_bits(element_type.element_type)
     if isinstance(element_type, (ir.IntegerType, ir.FloatType)):
@@ -167,6 +214,7 @@ def element_bits(element_type: Any) -> int:
 
 def decode_attribute(attr: Any) -> Any:
     """An MLIR attribute as plain Python (ints, strings, tuples, dicts); ``None`` if opaque."""
+    _load_ir()
     from jaxlib.mlir.dialects import stablehlo
 
     for cls in (ir.DenseI64ArrayAttr, ir.DenseBoolArrayAttr, ir.DenseI32ArrayAttr):
@@ -194,7 +242,36 @@ def decode_attribute(attr: Any) -> Any:
                 break
     if numbers is not None:
         return {field: _plain(getattr(attr, field)) for field in numbers}
-    return None
+    return _tensor_sharding(attr)
+
+
+def _tensor_sharding(attr: Any) -> dict[str, Any] | None:
+    """A Shardy ``#sdy.sharding<@mesh, [{"batch"}, {"model", ?}]>`` as ``{"mesh": "mesh",
+    "dims": (("batch",), ("model",)), "open": (0, 1)}`` (axes major to minor per dim, a
+    sub-axis as ``"model:(1)2"``; ``mesh`` is ``""`` for an inline mesh); ``None`` for any
+    other attribute."""
+    from jaxlib.mlir.dialects import sdy
+
+    if not sdy.TensorShardingAttr.isinstance(attr):
+        return None
+    sharding = sdy.TensorShardingAttr(attr)
+    mesh = sharding.mesh_or_ref
+    dims, open_dims = [], []
+    for dim in sharding.dimension_shardings:
+        dim = sdy.DimensionShardingAttr(dim)
+        axes = []
+        for axis in dim.axes:
+            axis = sdy.AxisRefAttr(axis)
+            sub = axis.sub_axis_info
+            if sub is not None:
+                sub = sdy.SubAxisInfoAttr(sub)
+                axes.append(f"{axis.name}:({sub.pre_size}){sub.size}")
+            else:
+                axes.append(axis.name)
+        dims.append(tuple(axes))
+        open_dims.append(int(not dim.is_closed))
+    return {"mesh": mesh.value if isinstance(mesh, ir.FlatSymbolRefAttr) else "",
+            "dims": tuple(dims), "open": tuple(open_dims)}
 
 
 def _plain(value: Any) -> Any:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from pathlib import Path
 
 import numpy as np
 
@@ -21,17 +22,32 @@ GRAPHVIZ_HINT = "install Graphviz (e.g. `apt install graphviz`) so that `dot` is
 
 
 def check_color(analysis: Analysis, color: int) -> None:
-    """Raise a one-line ``ToastError`` unless ``color`` exists and has conflicts."""
+    """Raise a one-line ``ToastError`` unless ``color`` exists."""
     if not 0 <= color < len(analysis.colors):
         raise ToastError(f"--color {color}: no such color (this program has colors 0..{len(analysis.colors) - 1})")
-    with_conflicts = sorted({c.color for c in analysis.conflicts.conflicts})
-    if color not in with_conflicts:
-        listed = ", ".join(str(c) for c in with_conflicts) if with_conflicts else "none"
-        raise ToastError(f"--color {color}: color {color} has no conflicts (colors with conflicts: {listed})")
+
+
+GRAPH_SUFFIXES = {".dot": "dot", ".gv": "dot", ".svg": "svg"}
+
+
+def graph_format(output: str | None, given: str | None) -> str:
+    """``dot`` or ``svg``: ``given`` (``--format``), else from the suffix of ``output``, else ``dot``.
+
+    Raises:
+      ToastError: the suffix is not one Graphviz output toast writes, or contradicts ``given``.
+    """
+    suffix = Path(output).suffix.lower() if output else ""
+    from_suffix = GRAPH_SUFFIXES.get(suffix)
+    if output and from_suffix is None:
+        raise ToastError(f"-o {output}: toast writes .dot, .gv or .svg graphs, not '{suffix or 'no suffix'}' "
+                         "(render other formats with Graphviz: dot -Tpng)")
+    if given and from_suffix and given != from_suffix:
+        raise ToastError(f"-o {output}: a {from_suffix} file name, but --format {given}")
+    return given or from_suffix or "dot"
 
 
 def dimension_graph_dot(analysis: Analysis, color: int) -> str:
-    """DOT text of the dimension graph of ``color``: its nodes, M edges and conflict edges."""
+    """DOT text of the dimension graph of ``color``: its nodes, M edges and conflict edges (if any)."""
     check_color(analysis, color)
     names = np.flatnonzero(analysis.color_of == color)
     node_of = analysis.node_of

@@ -114,3 +114,19 @@ def summary(analysis: Analysis, *, top: int = 10) -> str:
         variant=analysis.stats.get("variant", ""),
     )
     return text.rstrip("\n") + "\n"
+
+
+def human_bytes(count: float) -> str:
+    """Bytes in the unit that fits: ``512 B``, ``30.0 KiB``, ``1.31 MiB``, ``2.00 GiB``."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(count) >= size:
+            return f"{count / size:.3g} {unit}" if count / size < 100 else f"{count / size:.0f} {unit}"
+    return f"{count:.0f} B"
+
+
+def human_seconds(seconds: float) -> str:
+    """Seconds in the unit that fits: ``3.2 µs``, ``41.7 ms``, ``1.25 s``."""
+    for unit, size in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
+        if abs(seconds) >= size:
+            return f"{seconds / size:.3g} {unit}"
+    return f"{seconds / 1e-9:.3g} ns" if seconds else "0 s"

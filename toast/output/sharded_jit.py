@@ -69,7 +69,7 @@ def sharded_jit(strategy: dict[str, Any] | str | Path, fn: Callable[..., Any], a
     from toast.frontend.stablehlo import lower_callable, read_text
     from toast.output.strategy_file import read_strategy
 
-    document = strategy if isinstance(strategy, dict) else read_strategy(strategy)
+    document = read_strategy(strategy)
     program = read_text(lower_callable(fn, args), source=getattr(fn, "__name__", "fn"))
     if program.fingerprint() != document["fingerprint"]:
         raise ToastError(f"strategy file for another program (fingerprint {document['fingerprint']}, "

@@ -11,6 +11,7 @@ state itself (one byte of axis bits per dimension name, zlib-compressed, base64)
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import zlib
 from collections.abc import Sequence
@@ -84,30 +85,62 @@ def _collective_json(program: Program, collective: Collective) -> dict[str, Any]
     }
 
 
-_REQUIRED_KEYS = ("fingerprint", "mesh", "hardware", "state")
+SCHEMAS = Path(__file__).parent / "schemas"
 
 
-def read_strategy(path: str | Path) -> dict[str, Any]:
-    """A strategy file's document.
+@functools.cache
+def schema(name: str) -> dict[str, Any]:
+    """A published JSON Schema: ``strategy`` (strategy files) or ``analysis`` (``toast analyze
+    --json``), from ``toast/output/schemas/<name>.schema.json``."""
+    return dict(json.loads((SCHEMAS / f"{name}.schema.json").read_text()))
+
+
+def schema_problem(document: Any, name: str) -> str:
+    """The most relevant violation of schema ``name`` by ``document`` in words (with where it is,
+    as a JSON path), ``""`` when it conforms."""
+    import jsonschema
+
+    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema(name)).iter_errors(document))
+    if error is None:
+        return ""
+    where = "" if error.json_path == "$" else f" at {error.json_path}"
+    return f"{error.message}{where}"
+
+
+def read_strategy(source: str | Path | dict[str, Any]) -> dict[str, Any]:
+    """A strategy document, checked: the file at ``source`` or a document already loaded. Every
+    consumer (``toast validate``, ``sharded_jit``) reads strategies through this.
 
     Raises:
-      ToastError: unreadable, not JSON (``path:line:col``), or missing a key.
+      ToastError: unreadable, not JSON (``path:line:col``), not conforming to the strategy
+        schema (``schema("strategy")``), or naming mesh axes the mesh lacks.
     """
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as err:
-        raise ToastError(f"{path}: cannot read: {err.strerror}") from None
-    try:
-        document = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ToastError(f"{path}:{err.lineno}:{err.colno}: not a strategy file (invalid JSON: {err.msg})") from None
-    if not isinstance(document, dict):
-        raise ToastError(f"{path}: not a strategy file (a JSON object from `toast shard -o` expected)")
-    missing = [key for key in _REQUIRED_KEYS if key not in document]
-    if missing:
-        raise ToastError(f"{path}: not a strategy file: no {', '.join(repr(k) for k in missing)} "
-                         "(write one with `toast shard -o`)")
+    if isinstance(source, dict):
+        document, where = source, "strategy"
+    else:
+        where = str(source)
+        try:
+            text = Path(source).read_text()
+        except (OSError, UnicodeDecodeError) as err:
+            reason = err.strerror if isinstance(err, OSError) else "not UTF-8 text"
+            raise ToastError(f"{where}: cannot read: {reason}") from None
+        try:
+            document = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ToastError(f"{where}:{err.lineno}:{err.colno}: not a strategy file (invalid JSON: {err.msg})") from None
+    problem = schema_problem(document, "strategy")
+    if problem:
+        raise ToastError(f"{where}: not a valid strategy file: {problem} (write one with `toast shard -o`)")
+    axes = {name for name, _ in document["mesh"]["axes"]}
+    for kind in ("arguments", "results"):
+        for k, tensor in enumerate(document[kind]):
+            named = [a for entry in tensor["partition_spec"] if entry is not None
+                     for a in ([entry] if isinstance(entry, str) else entry)]
+            unknown = sorted(set(named) - axes)
+            if unknown or len(named) != len(set(named)) or len(tensor["partition_spec"]) > len(tensor["shape"]):
+                why = (f"names mesh axis '{unknown[0]}', which the mesh {sorted(axes)} lacks" if unknown else
+                       "uses a mesh axis twice" if len(named) != len(set(named)) else "has more entries than dims")
+                raise ToastError(f"{where}: {kind}[{k}] ({tensor['name']}): the partition_spec {why}")
     return document
 
 

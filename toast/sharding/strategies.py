@@ -5,16 +5,21 @@ arguments that play a part in the model (the batch dim of the tokens, the heads 
 attention weights, ...). A role names colors, so the strategies need no knowledge of the
 program beyond argument names; ``NEEDS`` says which roles each one needs.
 
-- ``data_parallel``: the batch color along the first mesh axis.
+- ``data_parallel``: the batch color along the data axis.
 - ``megatron``: data parallel, plus the attention heads and the MLP hidden colors along the
-  second axis (Megatron-LM tensor parallelism; Figure 2c for the MLP).
+  model axis (Megatron-LM tensor parallelism; Figure 2c for the MLP).
 - ``fsdp``: data parallel, plus every parameter (a floating-point argument the batch role
-  leaves unsharded) stored sharded along the first axis on its largest divisible dim
+  leaves unsharded) stored sharded along the data axis on its largest divisible dim
   (ZeRO-3): gathered where it is used, its update chain (the elementwise ops from the
   parameter to the new parameter returned) sharded alike, so the gradient arrives by
   reduce-scatter.
-- ``sequence``: data parallel, plus the sequence color along the second axis with resolution
+- ``sequence``: data parallel, plus the sequence color along the model axis with resolution
   bits ``1`` (the sequence sharding of Figure 5b in every attention).
+
+Axes are chosen by name, as meshes are usually named: the data axis is the one named
+``batch``, ``data`` or ``dp`` (else the first axis); the model axis is the one named
+``model``, ``tensor``, ``tp`` or ``mp`` (for ``sequence`` also ``sequence``, ``seq``, ``sp``
+or ``context``), else the first axis that is not the data axis.
 """
 
 from __future__ import annotations
@@ -39,6 +44,9 @@ NEEDS: dict[str, tuple[tuple[str, ...], ...]] = {
 }
 STRATEGIES = tuple(NEEDS)
 TWO_AXES = ("megatron", "sequence")
+DATA_AXIS_NAMES = ("batch", "data", "dp")
+MODEL_AXIS_NAMES = ("model", "tensor", "tp", "mp")
+SEQUENCE_AXIS_NAMES = ("sequence", "seq", "sp", "context", *MODEL_AXIS_NAMES)
 ELEMENTWISE_UPDATE = {"stablehlo.add", "stablehlo.subtract", "stablehlo.multiply", "stablehlo.divide",
                       "stablehlo.negate", "stablehlo.sqrt", "stablehlo.rsqrt", "stablehlo.convert",
                       "stablehlo.maximum", "stablehlo.minimum", "stablehlo.select"}
@@ -103,6 +111,18 @@ def _some_arguments(analysis: Analysis, shown: int = 8) -> str:
     return "arguments: " + (", ".join(names[:shown]) + more if names else "none")
 
 
+def _data_axis(mesh: Mesh) -> str:
+    """The mesh axis data parallelism uses: named like one (``DATA_AXIS_NAMES``), else the first."""
+    return next((axis for axis in mesh.names if axis in DATA_AXIS_NAMES), mesh.names[0])
+
+
+def _model_axis(mesh: Mesh, preferred: tuple[str, ...], *, data_axis: str) -> str:
+    """The mesh axis model parallelism uses: the first ``preferred`` name the mesh has, else
+    the first axis other than ``data_axis``."""
+    others = [axis for axis in mesh.names if axis != data_axis]
+    return next((axis for name in preferred for axis in others if axis == name), others[0])
+
+
 def manual_strategy(model: ShardingModel, name: str, roles: Roles
                     ) -> tuple[ShardingState, tuple[Action | ShardNodes, ...]]:
     """Apply the named strategy on ``model``'s mesh; returns the state and its actions.
@@ -117,8 +137,9 @@ def manual_strategy(model: ShardingModel, name: str, roles: Roles
     if not any(_argument_dims(analysis, pattern, dim) for pairs in roles.dims.values() for pattern, dim in pairs):
         raise ToastError(f"{roles.source}: no entry names an argument dim of {analysis.program.name} "
                          f"({_some_arguments(analysis)})")
-    first = model.mesh.names[0]
-    second = model.mesh.names[1] if name in TWO_AXES else first  # check_strategy: two axes there
+    first = _data_axis(model.mesh)
+    second = _model_axis(model.mesh, SEQUENCE_AXIS_NAMES if name == "sequence" else MODEL_AXIS_NAMES,
+                         data_axis=first) if name in TWO_AXES else first  # check_strategy: two axes there
     actions: list[Action | ShardNodes] = [Action(c, first) for c in role_colors(analysis, roles, "batch")]
     if name == "megatron":
         actions += [Action(c, second) for role in ("heads", "mlp") if roles.get(role)

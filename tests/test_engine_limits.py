@@ -1,0 +1,28 @@
+"""``--timeout`` holds on both engines (issue 11); Soufflé's one-time compile is not part of it."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import SOUFFLE_MISSING
+
+import toast
+from toast.cli import main
+from toast.datalog.souffle import souffle_binary
+
+GPT = "toast.examples.gpt:gpt_small"
+
+
+def test_the_embedded_engine_stops_at_the_timeout(capsys):
+    assert main(["analyze", GPT, "--engine", "embedded", "--timeout", "0.3"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == ["toast: error: the embedded engine timed out after 0.3 s; raise --timeout"]
+    # The engine's state is clean afterwards: the next analysis runs to the end.
+    assert len(toast.analyze("toast.examples.mlp:mlp", engine="embedded").colors) == 4
+
+
+@pytest.mark.souffle
+@pytest.mark.skipif(souffle_binary() is None, reason=SOUFFLE_MISSING)
+def test_souffle_runs_are_limited_but_not_its_compile(capsys):
+    toast.analyze(GPT, engine="souffle")  # compiled (and cached) here, whatever the limit
+    assert main(["analyze", GPT, "--engine", "souffle", "--timeout", "0.001"]) == 2
+    assert "timed out after 0.001 s" in capsys.readouterr().err
