@@ -28,7 +28,7 @@ def test_analyze_writes_the_json_contract(tmp_path, capsys):
     assert "4 colors" in stdout and "unruled ops: none" in stdout
     document = json.loads(out.read_text())
     assert set(document) == {"colors", "unruled_ops", "color_conflicts", "conflicts", "compatibility_sets",
-                             "resolution_groups", "stats"}
+                             "resolution_groups", "pins", "stats"}
     assert len(document["colors"]) == 4
     color = document["colors"][0]
     assert set(color) == {"id", "size", "dims"}
@@ -73,7 +73,8 @@ def _fails_with_one_line(argv, capsys, pattern):
 
 def test_malformed_mlir(tmp_path, capsys):
     bad = tmp_path / "bad.mlir"
-    bad.write_text("func.func @main(%a: tensor<2xf32>) -> tensor<2xf32> {\n  %0 = stablehlo.add %a, %b : tensor<2xf32>\n  return %0 : tensor<2xf32>\n}\n")
+    bad.write_text("func.func @main(%a: tensor<2xf32>) -> tensor<2xf32> {\n"
+                   "  %0 = stablehlo.add %a, %b : tensor<2xf32>\n  return %0 : tensor<2xf32>\n}\n")
     out = tmp_path / "out.json"
     _fails_with_one_line(["analyze", str(bad), "--json", str(out)], capsys, "bad.mlir:2:26:")
     assert not out.exists()
@@ -125,7 +126,8 @@ def _fake_souffle(directory: Path, body: str) -> None:
 def test_souffle_failure_reports_its_stderr(tmp_path, monkeypatch, capsys):
     _fake_souffle(tmp_path, 'echo "Error: syntax error, unexpected ( in file x.dl at line 3" >&2; exit 1')
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
-    _fails_with_one_line(["analyze", MLP, "--engine", "souffle"], capsys, "x.dl:3: syntax error, unexpected ( (souffle)")
+    _fails_with_one_line(["analyze", MLP, "--engine", "souffle"], capsys,
+                         "x.dl:3: syntax error, unexpected ( (souffle)")
 
 
 def test_souffle_timeout(tmp_path, monkeypatch, capsys):

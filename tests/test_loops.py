@@ -142,7 +142,8 @@ def test_a_box_around_a_loop_sees_paths_through_several_iterations():
     assert _crossed_defs(analysis) == ["stablehlo.dot_general"]
     found = analysis.conflicts
     crossed = next(b for b in found.boxes if b.crossed)
-    use_kinds = {analysis.program.ops[s.op].kind for s in found.conflicts[crossed.use_conflict].sites if s.kind == "use"}
+    use_kinds = {analysis.program.ops[s.op].kind for s in found.conflicts[crossed.use_conflict].sites
+                 if s.kind == "use"}
     assert use_kinds == {"stablehlo.add"}
 
     def inside(x):  # the same loop inside an outer loop's body: the inner back edges count there

@@ -98,7 +98,8 @@ def test_gspmd_form_with_constraint():
 
 def test_mesh_that_does_not_fit_the_module_is_one_line_error():
     text = _lowered("toast.examples.mlp:mlp", MEGATRON)
-    with pytest.raises(ToastError, match=r"^XLA check worker failed: the module is partitioned for 8 devices, the mesh has 4$"):
+    expected = r"^XLA check worker failed: the module is partitioned for 8 devices, the mesh has 4$"
+    with pytest.raises(ToastError, match=expected):
         check_sharded_module(text, [("batch", 2), ("model", 2)], timeout_s=300)
 
 

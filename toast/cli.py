@@ -10,6 +10,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from toast.errors import ToastError
 
@@ -43,8 +44,16 @@ def _parse_color(text: str) -> int:
     return int(text)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with toast's one-line errors (``toast: error: ...``, exit 2) instead of usage text."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"toast: error: {self.prog.removeprefix('toast ')}: {message}\n"
+                     if self.prog != "toast" else f"toast: error: {message}\n")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="toast", description="Named-dimension analysis for SPMD sharding.")
+    parser = _Parser(prog="toast", description="Named-dimension analysis for SPMD sharding.")
     commands = parser.add_subparsers(dest="command", required=True)
     analyze_parser = commands.add_parser("analyze", help="find the colors of a program")
     _add_analysis_options(analyze_parser)
@@ -56,10 +65,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     graph_parser = commands.add_parser("graph", help="draw the dimension graph of a color with its conflicts")
     _add_analysis_options(graph_parser)
     graph_parser.add_argument("--color", required=True, metavar="C", help="color id (as in analyze's output)")
-    graph_parser.add_argument("--format", choices=("dot", "svg"), default=None,
+    graph_parser.add_argument("--format", default=None, metavar="{dot,svg}",
                               help="dot (plain text) or svg (needs Graphviz); default: from --output's "
                               "suffix, else dot")
     graph_parser.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
+    graph_parser.add_argument("--full", action="store_true", help="draw every node even of a big component (by "
+                              "default one of more than 200 nodes is drawn as a summary: Graphviz may take minutes)")
     shard_parser = commands.add_parser("shard", help="apply a manual strategy on a mesh and estimate its cost")
     _add_analysis_options(shard_parser)
     shard_parser.add_argument("--mesh", required=True, help="logical mesh, e.g. batch=4,model=2")
@@ -157,7 +168,7 @@ def _run(options: argparse.Namespace) -> int:
     if options.command == "graph":
         from toast.output.dimension_graph import dimension_graph_dot, render_svg
 
-        text = dimension_graph_dot(analysis, color)
+        text = dimension_graph_dot(analysis, color, full=options.full)
         if graph_format == "svg":
             text = render_svg(text)
         if options.output:

@@ -312,7 +312,8 @@ def test_missing_rule_file_is_a_rule_error(tmp_path: Path) -> None:
 
 
 def test_a_failed_run_leaves_nothing_behind() -> None:
-    text = GRAPH + f"{PATH_DECL}.decl bad(x: number)\n.output bad\npath(X, Y) :- edge(X, Y).\nbad(X / 0) :- edge(X, _).\n"
+    text = (GRAPH + f"{PATH_DECL}.decl bad(x: number)\n.output bad\npath(X, Y) :- edge(X, Y).\n"
+            "bad(X / 0) :- edge(X, _).\n")
     program = parse_text(text, "t.dl")
     with pytest.raises(EngineError):
         run_embedded(program, {"edge": [(1, 2)]})
@@ -320,5 +321,6 @@ def test_a_failed_run_leaves_nothing_behind() -> None:
 
 
 def test_only_relations_the_outputs_depend_on_are_evaluated() -> None:
-    text = GRAPH + ".decl ok(x: number)\n.decl bad(x: number)\n.output ok, bad\nok(X) :- edge(X, _).\nbad(X / 0) :- ok(X).\n"
+    text = (GRAPH + ".decl ok(x: number)\n.decl bad(x: number)\n.output ok, bad\nok(X) :- edge(X, _).\n"
+            "bad(X / 0) :- ok(X).\n")
     assert run(text, {"edge": [(1, 2)]}, outputs=["ok"]) == {"ok": [(1,)]}

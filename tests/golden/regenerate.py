@@ -122,8 +122,9 @@ def compare(example: str, outputs: Outputs, *, engine: str, root: Path = GOLDEN_
                 continue
             golden = text.split("\n")
             golden = golden[:-1] if golden[-1] == "" else golden
-            first = next((k for k, (g, e) in enumerate(zip(golden, rows, strict=False)) if g != e), min(len(golden), len(rows)))
-            at = (f"row {first + 1}: golden {golden[first]!r}" if first < len(golden) else f"row {first + 1}: golden ends")
+            first = next((k for k, (g, e) in enumerate(zip(golden, rows, strict=False)) if g != e),
+                         min(len(golden), len(rows)))
+            at = f"row {first + 1}: " + (f"golden {golden[first]!r}" if first < len(golden) else "golden ends")
             at += f", {engine} {rows[first]!r}" if first < len(rows) else f", {engine} ends"
             golden_set, engine_set = set(golden), set(rows)
             only_golden = [g for g in golden if g not in engine_set]
@@ -131,7 +132,8 @@ def compare(example: str, outputs: Outputs, *, engine: str, root: Path = GOLDEN_
             message = (f"{where}: {engine} differs from the golden {_shown(path)} "
                        f"({len(golden)} golden rows, {len(rows)} {engine} rows); first difference at {at}")
             if only_golden:
-                message += f"; only in the golden: {_quoted(only_golden[:3])}" + (" ..." if len(only_golden) > 3 else "")
+                more = " ..." if len(only_golden) > 3 else ""
+                message += f"; only in the golden: {_quoted(only_golden[:3])}{more}"
             if only_engine:
                 message += f"; only in {engine}: {_quoted(only_engine[:3])}" + (" ..." if len(only_engine) > 3 else "")
             if not only_golden and not only_engine:

@@ -89,7 +89,8 @@ FIXTURES = {
     ),
     "dynamic_update_slice: the update maps only where it covers the dim": (
         _fn("%x: tensor<4x6xf32>, %u: tensor<4x2xf32>, %i: tensor<i32>) -> (tensor<4x6xf32>",
-            "  %0 = stablehlo.dynamic_update_slice %x, %u, %i, %i : (tensor<4x6xf32>, tensor<4x2xf32>, tensor<i32>, tensor<i32>) -> tensor<4x6xf32>\n"
+            "  %0 = stablehlo.dynamic_update_slice %x, %u, %i, %i"
+            " : (tensor<4x6xf32>, tensor<4x2xf32>, tensor<i32>, tensor<i32>) -> tensor<4x6xf32>\n"
             "  return %0 : tensor<4x6xf32>"),
         [{"x:0", "u:0", "result[0]:0"}, {"x:1", "result[0]:1"}, {"u:1"}],
     ),
@@ -106,7 +107,8 @@ FIXTURES = {
             "    %s = stablehlo.add %a, %b : tensor<f32>\n    stablehlo.return %s : tensor<f32>\n"
             "  }) {scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = [1], inserted_window_dims = [0],"
             " scatter_dims_to_operand_dims = [0], index_vector_dim = 1>}"
-            " : (tensor<10x8xf32>, tensor<3x1xi32>, tensor<3x8xf32>) -> tensor<10x8xf32>\n  return %0 : tensor<10x8xf32>"),
+            " : (tensor<10x8xf32>, tensor<3x1xi32>, tensor<3x8xf32>) -> tensor<10x8xf32>\n"
+            "  return %0 : tensor<10x8xf32>"),
         [{"x:0", "result[0]:0"}, {"x:1", "u:1", "result[0]:1"}, {"ids:0", "u:0"}, {"ids:1"}],
     ),
     "while: carried value is one name per dim across cond, body and result": (

@@ -100,7 +100,8 @@ def build_conflicts(program: Program, names: DimensionNames, color_of: np.ndarra
     color_conflicts = tuple(sorted(
         [ColorConflict(color, ConflictSite("def", value, -1, -1, (a, b)))
          for value, a, b, color in outputs["color_conflict_def"]]
-        + [ColorConflict(color, ConflictSite("use", use_sites[use].value, use_sites[use].op, use_sites[use].operand, (a, b)))
+        + [ColorConflict(color, ConflictSite("use", use_sites[use].value, use_sites[use].op, use_sites[use].operand,
+                                             (a, b)))
            for use, a, b, color in outputs["color_conflict_use"]],
         key=lambda c: (site_position(c.site), c.site.kind, c.site.operand, c.site.dims),
     ))

@@ -164,7 +164,8 @@ class NodeGraph:
         flow = flow[flow[:, 1] != flow[:, 2]]
         keys, starts = np.unique(flow[:, 0], return_index=True)
         ends = [*starts[1:].tolist(), len(flow)]
-        by_home = {int(h): (flow[a:b, 1], flow[a:b, 2]) for h, a, b in zip(keys.tolist(), starts.tolist(), ends, strict=True)}
+        by_home = {int(h): (flow[a:b, 1], flow[a:b, 2])
+                   for h, a, b in zip(keys.tolist(), starts.tolist(), ends, strict=True)}
         return NodeGraph(plain, by_home, loops)
 
     def crossed(self, boxes: Sequence[tuple[int, int, int, int, int, int]], names: DimensionNames | None = None,

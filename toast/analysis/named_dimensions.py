@@ -203,7 +203,8 @@ def analyze(
     chosen = pick_engine(engine)
     timings: dict[str, float] = {}
     start = time.perf_counter()
-    program = source if isinstance(source, Program) else load_program(source, args=args, fn=fn, factory_arguments=factory_arguments)
+    program = source if isinstance(source, Program) else load_program(
+        source, args=args, fn=fn, factory_arguments=factory_arguments)
     timings["read"] = time.perf_counter() - start
 
     start = time.perf_counter()

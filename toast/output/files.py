@@ -48,10 +48,13 @@ def check_output(path: str | os.PathLike[str], *, option: str) -> Path:
         raise ToastError(f"{option} {path}: is a directory; give a file name")
     if not directory.is_dir():
         raise ToastError(f"{option} {path}: directory {directory} does not exist")
-    if not os.access(directory, os.W_OK | os.X_OK):
-        raise ToastError(f"{option} {path}: directory {directory} is not writable")
     if path.exists() and not os.access(path, os.W_OK):
         raise ToastError(f"{option} {path}: the file is not writable")
+    try:  # a trial file, removed at once: permission bits alone do not say (root, read-only mounts)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as err:
+        raise ToastError(f"{option} {path}: cannot write in {directory}: {err.strerror}") from None
     return path
 
 

@@ -1,7 +1,7 @@
 """Reports of an ``Analysis``: the JSON contract and the short human summary.
 
 JSON (scripts rely on it): top-level ``colors``, ``unruled_ops``, ``color_conflicts``,
-``conflicts``, ``compatibility_sets``, ``resolution_groups``, ``stats``.
+``conflicts``, ``compatibility_sets``, ``resolution_groups``, ``pins``, ``stats``.
 
 - color: ``{"id", "size", "dims": [dim, ...]}``; ``size`` counts all its dimension names
   (definitions and uses), ``dims`` lists definition dims ``{"value", "dim", "size", "loc"}``.
@@ -17,6 +17,11 @@ JSON (scripts rely on it): top-level ``colors``, ``unruled_ops``, ``color_confli
   the two resolutions shards, per conflict.
 - resolution group (section 3.6): ``{"id", "sets"}``; group ``id`` is bit ``id`` of an action's
   ``resolution_order``, and bit value r picks resolution r of every set in the group.
+- pin (``Analysis.pins``, in program order): a sharding the program asks for on a value
+  (``with_sharding_constraint``, ``sdy.reshard``, GSPMD ``@Sharding``): ``{"value", "kind",
+  "loc", "axes", "open", "tiles", "sharding"}``; ``axes`` is per dim the list of mesh axes
+  (major to minor) or ``null`` for a GSPMD sharding, ``open`` per dim whether more axes may be
+  added, ``tiles`` per dim the GSPMD shard counts or ``null``, ``sharding`` the text as written.
 """
 
 from __future__ import annotations
@@ -41,6 +46,13 @@ def to_json(analysis: Analysis) -> dict[str, Any]:
         ],
         "unruled_ops": [{"op": u.op, "kind": u.kind, "loc": u.loc} for u in analysis.unruled_ops],
         **conflicts_json(analysis),
+        "pins": [
+            {"value": pin.value, "kind": pin.kind, "loc": pin.loc,
+             "axes": None if pin.axes is None else [list(axes) for axes in pin.axes],
+             "open": list(pin.open), "tiles": None if pin.tiles is None else list(pin.tiles),
+             "sharding": pin.sharding}
+            for pin in analysis.pins
+        ],
         "stats": analysis.stats,
     }
 

@@ -925,7 +925,8 @@ def _collective(instruction: Any, opcode: str, mesh_axes: Sequence[tuple[str, in
         bytes_in=sum(s.nbytes for s in operands),
         bytes_out=sum(s.nbytes for s in result),
         name=parsed.name,
-        parts=(tuple((i.nbytes, o.nbytes) for i, o in zip(operands, result, strict=True)) if len(operands) == len(result)
+        parts=(tuple((i.nbytes, o.nbytes) for i, o in zip(operands, result, strict=True))
+               if len(operands) == len(result)
                else ((sum(s.nbytes for s in operands), sum(s.nbytes for s in result)),)),
     )
 
