@@ -73,14 +73,82 @@ def read_file(path: str | os.PathLike[str]) -> Program:
     return read_text(text, source=str(path))
 
 
+# Seconds a child process that reads a suspect input (``_in_child``) may take.
+CHILD_TIMEOUT_S = 30.0
+
+
 def _bytecode_text(data: bytes, *, source: str) -> str:
     """The text (with locations) of a module in MLIR bytecode, or of a StableHLO portable
-    artifact (VHLO), which is upgraded to the current StableHLO first."""
+    artifact (VHLO), which is upgraded to the current StableHLO first.
+
+    Read in a child process: MLIR's bytecode reader can crash the process on corrupt bytecode
+    (a segmentation fault), and that must end in one error line, not take toast down."""
+    return _in_child("bytecode", data, source=source,
+                     crashed="unreadable MLIR bytecode: MLIR's bytecode reader crashed on it").decode("utf-8")
+
+
+def _in_child(reader: str, data: bytes, *, source: str, crashed: str) -> bytes:
+    """Run ``_child_main`` (``reader`` on ``data``) in a child process and return what it writes.
+
+    Raises:
+      InputError: the reader's own one-line error, or ``source: crashed`` when the child dies
+        (a crash of MLIR's C++ code) or outlasts ``CHILD_TIMEOUT_S``.
+    """
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "1")}
+    command = [sys.executable, "-c", "from toast.frontend.stablehlo import _child_main; _child_main()", reader, source]
+    try:
+        done = subprocess.run(command, input=data, capture_output=True, timeout=CHILD_TIMEOUT_S, env=env)
+    except subprocess.TimeoutExpired:
+        raise InputError(f"{source}: {crashed} (it ran over {CHILD_TIMEOUT_S:g} s)") from None
+    if done.returncode == 0:
+        return done.stdout
+    lines = done.stderr.decode("utf-8", "replace").strip().splitlines()
+    if done.returncode == 2 and lines:
+        raise InputError(lines[-1])
+    raise InputError(f"{source}: {crashed} (exit status {done.returncode})")
+
+
+def _child_main() -> None:
+    """A child process of ``_in_child``: ``argv`` is (reader, source), the input is on stdin;
+    the result goes to stdout, or the one-line error to stderr with exit status 2."""
+    import sys
+
+    reader, source = sys.argv[1], sys.argv[2]
+    data = sys.stdin.buffer.read()
+    try:
+        if reader == "bytecode":
+            sys.stdout.buffer.write(_bytecode_text_here(data, source=source).encode("utf-8"))
+        else:  # "text": only whether it reads (the caller then reads it in its own process)
+            _read_text_here(data.decode("utf-8"), source=source)
+    except InputError as err:
+        print(err, file=sys.stderr)
+        sys.exit(2)
+
+
+def _bytecode_text_here(data: bytes, *, source: str) -> str:
+    """``_bytecode_text`` in this process."""
     _load_ir()
     from jax.extend.mlir import deserialize_portable_artifact
     from jax.interpreters import mlir as jax_mlir
 
     context = jax_mlir.make_ir_context()
+    # Errors go to this handler, not into the MLIRError the bindings build: for some corrupt
+    # bytecode building that error aborts the process (a string that is not UTF-8).
+    errors: list[str] = []
+
+    def collect(diagnostic: Any) -> bool:
+        if diagnostic.severity == ir.DiagnosticSeverity.ERROR:
+            try:
+                errors.append(str(diagnostic.message))
+            except RuntimeError:  # the message holds bytes that are not UTF-8
+                errors.append("corrupt module (its error message is not UTF-8 text)")
+        return True
+
+    context.emit_error_diagnostics = True
+    handler: Any = context.attach_diagnostic_handler(collect)
     with context:
         try:
             module = ir.Module.parse(data, context=context)
@@ -88,8 +156,11 @@ def _bytecode_text(data: bytes, *, source: str) -> str:
                 module = deserialize_portable_artifact(data, context)  # versioned: upgrade to StableHLO
         except Exception as err:  # MLIRError, or the bindings' own error types for VHLO
             diagnostics = getattr(err, "error_diagnostics", None)
-            reason = diagnostics[0].message if diagnostics else (str(err).strip().splitlines() or [type(err).__name__])[0]
-            raise InputError(f"{source}: unreadable MLIR bytecode: {reason}") from None
+            reason = (errors[0] if errors else diagnostics[0].message if diagnostics
+                      else (str(err).strip().splitlines() or [type(err).__name__])[0])
+            raise InputError(f"{source}: unreadable MLIR bytecode: {reason.splitlines()[0] if reason else reason}") from None
+        finally:
+            handler.detach()
         return str(module.operation.get_asm(enable_debug_info=True))
 
 
@@ -100,8 +171,30 @@ def read_text(text: str, *, source: str = "<string>") -> Program:
       InputError: malformed text (``source:line:col: message``), no entry function, or a
         value of dynamic shape.
     """
+    if _has_high_byte_escape(text):
+        # MLIR's bindings stop the process (C++ terminate) when a string they hand to Python,
+        # a location's file name or a value's name, is not UTF-8; a ``\\XX`` escape of a byte
+        # >= 0x80 in a string literal can make one. Such text is first read in a child process.
+        _in_child("text", text.encode("utf-8"), source=source,
+                  crashed="a string escape in it is not UTF-8 text once read; MLIR's bindings stopped "
+                          "the reading process")
+    return _read_text_here(text, source=source)
+
+
+def _has_high_byte_escape(text: str) -> bool:
+    """Whether ``text`` holds a backslash followed by two hex digits spelling a byte >= 0x80."""
+    if "\\" not in text:
+        return False
+    hex_digits = "0123456789abcdefABCDEF"
+    return any(len(chunk) >= 2 and chunk[0] in "89abcdefABCDEF" and chunk[1] in hex_digits
+               for chunk in text.split("\\")[1:])
+
+
+def _read_text_here(text: str, *, source: str) -> Program:
+    """``read_text`` in this process."""
     _load_ir()
     from jax.interpreters import mlir as jax_mlir
+
     context = jax_mlir.make_ir_context()
     try:
         module = ir.Module.parse(text, context=context)
@@ -141,11 +234,14 @@ def read_module(module: Any, *, source: str) -> tuple[Program, list[tuple[Any, b
 def _parse_error_line(source: str, err: Any) -> str:
     """One line ``source:line:col: message`` from an MLIR parse error."""
     for diagnostic in err.error_diagnostics:
+        # Some messages go on with the op they are about, printed over many lines.
+        lines = str(diagnostic.message).strip().splitlines() or [""]
+        message = lines[0].strip().removesuffix(",").removesuffix(", has") + (" (...)" if len(lines) > 1 else "")
         try:
             location = ir.FileLineColLoc(diagnostic.location)
         except (TypeError, ValueError):
-            return f"{source}: {diagnostic.message}"
-        return f"{source}:{location.start_line}:{location.start_col}: {diagnostic.message}"
+            return f"{source}: {message}"
+        return f"{source}:{location.start_line}:{location.start_col}: {message}"
     return f"{source}: cannot parse StableHLO: {str(err).splitlines()[-1]}"
 
 
