@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -85,3 +86,13 @@ def test_strategies_pick_mesh_axes_by_name(tmp_path, capsys):
     arguments = {a["name"]: a["partition_spec"] for a in json.loads(path.read_text())["arguments"]}
     assert arguments["x"] == ["batch", None]
     assert arguments["w1"] == [None, "model"]
+
+
+def test_the_readmes_shard_example_runs(tmp_path, capsys):
+    """The README's example: gpt_small has a batch of 2, so its mesh is batch=2,model=4."""
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    command = "toast shard toast.examples.gpt:gpt_small --mesh batch=2,model=4 --strategy megatron -o s.json"
+    assert command in readme
+    argv = command.split()[1:-1] + [str(tmp_path / "s.json"), "--engine", "embedded"]
+    assert main(argv) == 0
+    assert json.loads((tmp_path / "s.json").read_text())["mesh"]["axes"] == [["batch", 2], ["model", 4]]
