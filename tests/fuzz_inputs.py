@@ -47,7 +47,8 @@ from hypothesis import strategies as st
 from toast.errors import ToastError
 
 HANG_S = 20.0  # an input taking longer than this (direct call or command line) is a hang
-WORKER_TIMEOUT_S = 10.0  # a bytecode mutant the reader works on longer counts as one read_file refuses (its child times out)
+# A bytecode mutant the reader works on longer counts as one read_file refuses (its child times out).
+WORKER_TIMEOUT_S = 10.0
 READERS = ("stablehlo", "bytecode", "strategy", "hardware", "rules")
 
 
@@ -100,7 +101,8 @@ def _files(directory: Path) -> set[str]:
     return {p.relative_to(directory).as_posix() for p in directory.rglob("*")}
 
 
-def cli(argv: Sequence[str], cwd: Path, outputs: Sequence[Path], *, check_output: Callable[[Path], None] | None = None) -> int:
+def cli(argv: Sequence[str], cwd: Path, outputs: Sequence[Path], *,
+        check_output: Callable[[Path], None] | None = None) -> int:
     """Run ``toast`` in-process in ``cwd``; check exit status, stderr and files. Returns the exit
     status (0 or 2); raises ``Failure`` otherwise."""
     from toast.cli import main
@@ -183,7 +185,8 @@ def bytecodes() -> tuple[bytes, ...]:
         buffer = io.BytesIO()
         ir.Module.parse(text, context=jax_mlir.make_ir_context()).operation.write_bytecode(buffer)
         found.append(buffer.getvalue())
-    found.append(bytes(stablehlo.serialize_portable_artifact_str(stablehlo_texts()[0], stablehlo.get_current_version())))
+    version = stablehlo.get_current_version()
+    found.append(bytes(stablehlo.serialize_portable_artifact_str(stablehlo_texts()[0], version)))
     return tuple(found)
 
 
@@ -250,11 +253,14 @@ def mlp_megatron() -> tuple[Any, Any, Any]:
 INTERESTING_NUMBERS = ("0", "-1", "1", "2", "3", "7", "8", "255", "256", "65536", "2147483647", "2147483648",
                        "4294967296", "9223372036854775808", "-2147483649", "1e308", "1e-320", "0x7f", "00", "1.5")
 MLIR_TOKENS = ("%", "%0", "%arg0", "@main", "@relu", "(", ")", "{", "}", "<", ">", "[", "]", ":", ",", "=", "->", "x",
-               "?", "tensor<", "tensor<?x4xf32>", "tensor<*xf32>", "f32", "i1", "!stablehlo.token", "loc(", "#loc", "\"",
+               "?", "tensor<", "tensor<?x4xf32>", "tensor<*xf32>", "f32", "i1", "!stablehlo.token", "loc(", "#loc",
+               "\"",
                "\\FF", "\\", "dense<", "stablehlo.add", "stablehlo.while", "func.call", "call @main", "return", "^bb1:",
-               "dims = [", "contracting_dims = [5] x [0]", "#sdy.sharding<@mesh, [{\"x\"}]>", "sdy.mesh @mesh = <[\"x\"=2]>",
+               "dims = [", "contracting_dims = [5] x [0]", "#sdy.sharding<@mesh, [{\"x\"}]>",
+               "sdy.mesh @mesh = <[\"x\"=2]>",
                "{-#", "#-}", "\n", "//", "\u00e9", "\x00")
-DATALOG_TOKENS = (":-", ".", ",", ";", "!", "(", ")", "_", "\"", "\"\\", "=", "!=", "<", "+", "-", "*", "/", "%", "^", "$",
+DATALOG_TOKENS = (":-", ".", ",", ";", "!", "(", ")", "_", "\"", "\"\\", "=", "!=", "<", "+", "-", "*", "/", "%", "^",
+                  "$",
                   ".decl r(x:number)", ".decl ", ".input ", ".output ", ".type T <: symbol", ".type U = T | V",
                   ".plan 1:(1,2)", ".pragma \"x\"", "number", "symbol", "unsigned", "float", "count : { }",
                   "#include \"nda.dl\"", "#include \"nope.dl\"", "#include \"/dev/null\"", "#define X(a) a",
@@ -377,7 +383,8 @@ def strategy_inputs(draw: st.DrawFn) -> str:
     document = draw(_value_edits(strategy_document()))
     text = json.dumps(document, indent=1)
     if draw(st.integers(0, 9)) == 0:
-        text = draw(_text_edits(text, ("{", "}", "[", "]", ",", ":", "\"", "NaN", "Infinity", "-0", "1e999", "\\u", "\n")))
+        tokens = ("{", "}", "[", "]", ",", ":", "\"", "NaN", "Infinity", "-0", "1e999", "\\u", "\n")
+        text = draw(_text_edits(text, tokens))
     return text
 
 
@@ -597,7 +604,8 @@ def check_hardware(text: str, directory: Path, sample: Sampler) -> tuple[bool, b
             _strict_json(written)
             read_strategy(written)  # what `toast shard -o` writes, `toast validate` reads
         except (Failure, ToastError) as err:
-            raise Failure(f"toast shard --hardware {path.name} writes a strategy file its reader refuses: {err}") from None
+            raise Failure(f"toast shard --hardware {path.name} writes a strategy file its reader refuses: "
+                          f"{err}") from None
         finally:
             written.unlink()
 

@@ -66,7 +66,8 @@ def _cases() -> list[Case]:
             Case(f"{option} is a directory", commands, True, "is a directory", output=f"{option}=outdir"),
             Case(f"{option} in a missing directory", commands, True, "does not exist",
                  output=f"{option}=missing/out{{suffix}}"),
-            Case(f"{option} unwritable", commands, True, "cannot write in /proc", output=f"{option}=/proc/toast{{suffix}}"),
+            Case(f"{option} unwritable", commands, True, "cannot write in /proc",
+                 output=f"{option}=/proc/toast{{suffix}}"),
         ]
     cases += [
         Case("bad --mesh", ("shard",), True, "--mesh", replace={"--mesh": "batch=two"}),

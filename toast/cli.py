@@ -60,7 +60,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     analyze_parser.add_argument("--json", metavar="FILE", help="write the analysis as JSON to FILE")
     explain_parser = commands.add_parser("explain", help="why two dims share a color")
     _add_analysis_options(explain_parser)
-    explain_parser.add_argument("dim_a", metavar="DIM_A", help="VALUE:DIM as the JSON names it, e.g. x:0, or VALUE[DIM] as the summary prints it")
+    explain_parser.add_argument("dim_a", metavar="DIM_A",
+                                help="VALUE:DIM as the JSON names it, e.g. x:0, or VALUE[DIM] as the summary prints it")
     explain_parser.add_argument("dim_b", metavar="DIM_B", help="VALUE:DIM, e.g. result[0]:0")
     graph_parser = commands.add_parser("graph", help="draw the dimension graph of a color with its conflicts")
     _add_analysis_options(graph_parser)

@@ -1096,7 +1096,8 @@ class _Typer:
     def _atom(self, atom: Atom) -> Atom:
         """``atom`` with its arguments checked against the column types."""
         columns = self._relations[atom.relation].attributes
-        args = tuple(self._typed(arg, column.base, atom.location) for arg, column in zip(atom.args, columns, strict=True))
+        args = tuple(self._typed(arg, column.base, atom.location)
+                     for arg, column in zip(atom.args, columns, strict=True))
         return replace(atom, args=args)
 
     def _constraint(self, constraint: Constraint) -> Constraint:

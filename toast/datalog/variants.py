@@ -120,7 +120,9 @@ def assemble(variant: Variant, *, user_rules: Path | None = None, stage: Stage =
             elif relative not in variant.rules + variant.conflict_rules and _user_stage(relative) is stage:
                 extra.append(path.resolve())
     for relative in stage_rules:
-        source = (user_rules / relative) if user_rules is not None and relative in overridden else (resource_dir("rules") / relative)
+        source = resource_dir("rules") / relative
+        if user_rules is not None and relative in overridden:
+            source = user_rules / relative
         if not source.is_file():
             raise RuleError(str(source), None, f"rule file of variant '{variant.name}' is missing")
         files.append(source.resolve())

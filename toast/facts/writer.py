@@ -82,7 +82,8 @@ def _attribute_facts(op: Op, program: Program) -> Iterator[tuple[str, tuple]]:
         yield "sort_dim", (op.id, op.attr("dimension", -1) % max(1, len(_shape(program, op, 0))))
     elif kind == "pad":
         for dim, (low, high, interior) in enumerate(zip(
-                op.attr("edge_padding_low", ()), op.attr("edge_padding_high", ()), op.attr("interior_padding", ()), strict=True)):
+                op.attr("edge_padding_low", ()), op.attr("edge_padding_high", ()), op.attr("interior_padding", ()),
+                strict=True)):
             yield "pad_dim", (op.id, dim, low, high, interior)
     elif kind in ("reduce_window", "select_and_scatter"):
         yield from _windows(op, program)
@@ -139,7 +140,8 @@ def _convolution(op: Op) -> Iterator[tuple[str, tuple]]:
     if feature_groups == 1:
         yield "conv_feature", (op.id, numbers["input_feature_dimension"], numbers["kernel_input_feature_dimension"])
     if feature_groups == 1 and batch_groups == 1:
-        yield "conv_out_feature", (op.id, numbers["kernel_output_feature_dimension"], numbers["output_feature_dimension"])
+        yield "conv_out_feature", (op.id, numbers["kernel_output_feature_dimension"],
+                                   numbers["output_feature_dimension"])
     for lhs, rhs, out in zip(numbers["input_spatial_dimensions"], numbers["kernel_spatial_dimensions"],
                              numbers["output_spatial_dimensions"], strict=True):
         yield "conv_spatial", (op.id, lhs, rhs, out)

@@ -158,7 +158,8 @@ def _bytecode_text_here(data: bytes, *, source: str) -> str:
             diagnostics = getattr(err, "error_diagnostics", None)
             reason = (errors[0] if errors else diagnostics[0].message if diagnostics
                       else (str(err).strip().splitlines() or [type(err).__name__])[0])
-            raise InputError(f"{source}: unreadable MLIR bytecode: {reason.splitlines()[0] if reason else reason}") from None
+            first = reason.splitlines()[0] if reason else reason
+            raise InputError(f"{source}: unreadable MLIR bytecode: {first}") from None
         finally:
             handler.detach()
         return str(module.operation.get_asm(enable_debug_info=True))
@@ -502,7 +503,8 @@ class _Reader:
         except KeyError:  # pragma: no cover - MLIR verifies dominance before we get here
             raise InputError(f"{loc or self.source}: {kind} uses a value defined outside its scope") from None
         results = tuple(
-            self._new_value(r, name=prefix + r.get_name(names), loc=loc, what=f"{kind} result {prefix}{r.get_name(names)}")
+            self._new_value(r, name=prefix + r.get_name(names), loc=loc,
+                            what=f"{kind} result {prefix}{r.get_name(names)}")
             for r in mlir_op.results
         )
         for mlir_result, value_id in zip(mlir_op.results, results, strict=True):
@@ -543,7 +545,8 @@ class _Reader:
         if callee is None:
             raise InputError(f"{loc or self.source}: func.call of unknown function @{callee_name}")
         if depth >= _MAX_INLINE_DEPTH:
-            raise InputError(f"{loc or self.source}: calls nested deeper than {_MAX_INLINE_DEPTH} (recursion?) at @{callee_name}")
+            raise InputError(f"{loc or self.source}: calls nested deeper than {_MAX_INLINE_DEPTH} (recursion?) "
+                             f"at @{callee_name}")
         count = self.call_counts.get(callee_name, 0)
         self.call_counts[callee_name] = count + 1
         prefix = f"@{callee_name}#{count}:"

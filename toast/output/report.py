@@ -76,7 +76,8 @@ def conflicts_json(analysis: Analysis) -> dict[str, Any]:
         for resolution in (0, 1):
             shard = [
                 {"conflict": conflict_id, "endpoint": endpoint, "dim": conflicts[conflict_id]["endpoints"][endpoint]}
-                for conflict_id, endpoint in zip(group_set.conflicts, group_set.sharded_endpoints(resolution), strict=True)
+                for conflict_id, endpoint in zip(group_set.conflicts, group_set.sharded_endpoints(resolution),
+                                                 strict=True)
             ]
             resolutions.append({"resolution": resolution, "shard": shard})
         sets.append({"id": group_set.id, "conflicts": list(group_set.conflicts),

@@ -127,7 +127,8 @@ def read_strategy(source: str | Path | dict[str, Any]) -> dict[str, Any]:
         try:
             document = json.loads(text)
         except json.JSONDecodeError as err:
-            raise ToastError(f"{where}:{err.lineno}:{err.colno}: not a strategy file (invalid JSON: {err.msg})") from None
+            raise ToastError(f"{where}:{err.lineno}:{err.colno}: not a strategy file "
+                             f"(invalid JSON: {err.msg})") from None
     problem = schema_problem(document, "strategy")
     if problem:
         raise ToastError(f"{where}: not a valid strategy file: {problem} (write one with `toast shard -o`)")
