@@ -26,6 +26,16 @@ sources = ["a datasheet"]
 hbm_bytes = 24e9
 hbm_bandwidth = 1e12
 sources = ["a datasheet"]
+[kernels]
+matmul_efficiency = 0.6
+matmul_overhead = 2e-6
+f32_matmul = "f32"
+hbm_efficiency = 0.8
+kernel_overhead = 2e-6
+step_overhead = 5e-5
+scatter_add_rate = 1e11
+scatter_add_rate_16bit = 5e10
+sources = ["a measurement"]
 [[interconnect]]
 level = "nvlink"
 devices = 4
@@ -113,13 +123,18 @@ def test_malformed_toml_gives_path_and_line(tmp_path):
     ("old", "new", "field"),
     [
         ("hbm_bytes = 24e9\n", "", "memory.hbm_bytes"),
+        ("kernel_overhead = 2e-6\n", "", "kernels.kernel_overhead"),
+        ("scatter_add_rate_16bit = 5e10\n", "", "kernels.scatter_add_rate_16bit"),
+        ("hbm_efficiency = 0.8", "hbm_efficiency = 1.5", "kernels.hbm_efficiency"),
+        ('f32_matmul = "f32"', 'f32_matmul = "tf32"', "kernels.f32_matmul"),
+        ("[kernels]\n", "[kernelz]\n", "kernelz"),
         ("bf16 = 100e12\n", "", "compute.bf16"),
         ("bandwidth = 100e9", "bandwidth = -100e9", "interconnect[0].bandwidth"),
         ("latency = 10e-6", 'latency = "fast"', "interconnect[1].latency"),
         ("f32 = 10e12", "f32 = 0", "compute.f32"),
         ("devices = 4", "devices = 4.5", "interconnect[0].devices"),
-        ('sources = ["a datasheet"]\n[[interconnect]]\nlevel = "nvlink"',
-         'sources = []\n[[interconnect]]\nlevel = "nvlink"', "memory.sources"),
+        ('hbm_bandwidth = 1e12\nsources = ["a datasheet"]', 'hbm_bandwidth = 1e12\nsources = []', "memory.sources"),
+        ('sources = ["a measurement"]', "sources = []", "kernels.sources"),
         ("hbm_bandwidth", "hbm_bandwith", "memory.hbm_bandwith"),
         ("devices = 64", "devices = 4", "interconnect[1].devices"),
     ],
@@ -141,7 +156,8 @@ def test_user_profile_loads_by_path(tmp_path):
     assert hardware.name == "mygpu" and hardware.path == str(path)
     assert hardware.peak_flops == {"bf16": 100e12, "f32": 10e12}
     assert [level.name for level in hardware.interconnect] == ["nvlink", "ethernet"]
-    assert hardware.sources == ("a datasheet",)
+    assert hardware.sources == ("a datasheet", "a measurement")
+    assert (hardware.matmul_efficiency, hardware.f32_matmul, hardware.scatter_rate(16)) == (0.6, "f32", 5e10)
 
 
 def test_axis_levels_within_one_nvlink_domain():

@@ -211,8 +211,10 @@ def _shard(options: argparse.Namespace, analysis, mesh, hardware, roles) -> int:
         kinds[key] = kinds.get(key, 0) + 1
     print(f"{analysis.program.name}: strategy {options.strategy} on mesh {mesh.spec()} ({hardware.name}), "
           f"{len(actions)} actions, roles from {roles.source}")
-    print(f"step time {human_seconds(cost.runtime_s)} (compute {human_seconds(cost.compute_s)}), peak memory "
+    print(f"step time {human_seconds(cost.step_time_s)} ({cost.kernels} kernels), peak memory "
           f"{human_bytes(cost.peak_bytes)} per device")
+    print("  " + ", ".join(f"{key.removesuffix('_s').replace('_', ' ')} {human_seconds(seconds)}"
+                           for key, seconds in cost.breakdown.items()))
     print(f"relative cost {cost.relative:.3f}: the step time over the unsharded program's on one device"
           + (", plus the penalty for memory over the device's" if cost.peak_bytes > hardware.hbm_bytes else ""))
     print("collectives: " + (", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "none"))

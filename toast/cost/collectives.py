@@ -125,7 +125,7 @@ class CommunicationModel:
             elements[self._ranked_values] = np.multiply.reduceat(local, self._value_starts)
         return (elements * self.element_bits + 7) // 8  # whole bytes: packed sub-byte elements
 
-    def collectives(self, state: ShardingState) -> list[Collective]:
+    def collectives(self, state: ShardingState, value_bytes: np.ndarray | None = None) -> list[Collective]:
         """Every collective the state needs: partial results first, then uses, each in op order."""
         model, analysis = self.model, self.model.analysis
         program, names = analysis.program, analysis.names
@@ -133,7 +133,7 @@ class CommunicationModel:
         masks = state.masks
         devices = model.devices_of_mask
         axes_of = model.mesh.mask_axes
-        value_bytes = self.value_bytes(state)
+        value_bytes = (self.value_bytes(state) if value_bytes is None else value_bytes).copy()
         found: list[Collective] = []
         # Partial results of reductions, resolved at the producer.
         partial_by_op = self.partial_results(state)

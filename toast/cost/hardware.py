@@ -19,7 +19,9 @@ from toast.errors import ToastError
 from toast.resources import resource_dir
 from toast.toml_files import read_toml
 
-_TOP_KEYS = ("name", "description", "compute", "memory", "interconnect")
+_TOP_KEYS = ("name", "description", "compute", "memory", "kernels", "interconnect")
+_KERNEL_KEYS = ("matmul_efficiency", "matmul_overhead", "f32_matmul", "hbm_efficiency", "kernel_overhead",
+                "step_overhead", "scatter_add_rate", "scatter_add_rate_16bit", "sources")
 _MEMORY_KEYS = ("hbm_bytes", "hbm_bandwidth", "sources")
 _LEVEL_KEYS = ("level", "devices", "bandwidth", "latency", "sources")
 
@@ -56,8 +58,17 @@ class Hardware:
       hbm_bytes: HBM capacity per device in bytes.
       hbm_bandwidth: HBM bandwidth per device in bytes/s.
       interconnect: the levels, innermost first, each joining more devices than the one before.
-      sources: the sources of ``peak_flops`` and the memory numbers.
+      sources: the sources of ``peak_flops``, the memory and the kernel numbers.
       path: the profile file.
+      matmul_efficiency: the fraction of ``peak_flops`` a large matmul or convolution achieves.
+      matmul_overhead: seconds added to every library call (launch, and the small-problem tail).
+      f32_matmul: the ``peak_flops`` key f32 matmuls run at with XLA's default precision (``"tf32"`` on NVIDIA
+        tensor cores, ``"bf16"`` passes on TPUs, ``"f32"`` where nothing faster is used).
+      hbm_efficiency: the fraction of ``hbm_bandwidth`` a streaming (memory-bound) kernel achieves.
+      kernel_overhead: seconds added to every other kernel (launch, ramp-up and tail).
+      step_overhead: seconds added once per step (launching the program).
+      scatter_add_rate: atomic updates per second of a scatter-add of 32-bit (and wider) elements.
+      scatter_add_rate_16bit: the same for 16-bit and narrower elements.
     """
 
     name: str
@@ -68,6 +79,23 @@ class Hardware:
     interconnect: tuple[InterconnectLevel, ...]
     sources: tuple[str, ...]
     path: str
+    matmul_efficiency: float
+    matmul_overhead: float
+    f32_matmul: str
+    hbm_efficiency: float
+    kernel_overhead: float
+    step_overhead: float
+    scatter_add_rate: float
+    scatter_add_rate_16bit: float
+
+    def matmul_flops(self, dtype: str) -> float:
+        """Peak FLOP/s of a matmul whose operands are ``dtype``: f32 at the ``f32_matmul`` rate (what XLA's
+        default precision runs it as), every other type as ``flops``."""
+        return self.flops(self.f32_matmul) if dtype == "f32" else self.flops(dtype)
+
+    def scatter_rate(self, bits: int) -> float:
+        """Atomic scatter-add updates per second for elements of ``bits`` bits."""
+        return self.scatter_add_rate_16bit if 0 < bits <= 16 else self.scatter_add_rate
 
     def flops(self, dtype: str) -> float:
         """Peak FLOP/s for a matmul on ``dtype``.
@@ -158,16 +186,38 @@ def _hardware(data: dict, path: str) -> Hardware:
                 f"({interconnect[i - 1].devices}); list levels innermost first"
             )
 
-    sources = _sources(compute, "compute", path) + _sources(memory, "memory", path)
+    hbm_bytes = _positive(memory, "hbm_bytes", "memory", path)
+    hbm_bandwidth = _positive(memory, "hbm_bandwidth", "memory", path)
+    kernels = _table(data, "kernels", path)
+    _known_keys(kernels, _KERNEL_KEYS, "kernels.", path)
+    f32_matmul = kernels.get("f32_matmul")
+    if not isinstance(f32_matmul, str) or f32_matmul not in peak_flops:
+        raise ToastError(f"{path}: field 'kernels.f32_matmul' must name a [compute] entry "
+                         f"({', '.join(sorted(peak_flops))})")
+    fractions = {}
+    for key in ("matmul_efficiency", "hbm_efficiency"):
+        fractions[key] = _positive(kernels, key, "kernels", path)
+        if fractions[key] > 1:
+            raise ToastError(f"{path}: field 'kernels.{key}' must be a fraction in (0, 1]")
+    sources = (_sources(compute, "compute", path) + _sources(memory, "memory", path)
+               + _sources(kernels, "kernels", path))
     return Hardware(
         name=name,
         description=description,
         peak_flops=peak_flops,
-        hbm_bytes=_positive(memory, "hbm_bytes", "memory", path),
-        hbm_bandwidth=_positive(memory, "hbm_bandwidth", "memory", path),
+        hbm_bytes=hbm_bytes,
+        hbm_bandwidth=hbm_bandwidth,
         interconnect=interconnect,
         sources=tuple(dict.fromkeys(sources)),
         path=path,
+        matmul_efficiency=fractions["matmul_efficiency"],
+        matmul_overhead=_positive(kernels, "matmul_overhead", "kernels", path),
+        f32_matmul=f32_matmul,
+        hbm_efficiency=fractions["hbm_efficiency"],
+        kernel_overhead=_positive(kernels, "kernel_overhead", "kernels", path),
+        step_overhead=_positive(kernels, "step_overhead", "kernels", path),
+        scatter_add_rate=_positive(kernels, "scatter_add_rate", "kernels", path),
+        scatter_add_rate_16bit=_positive(kernels, "scatter_add_rate_16bit", "kernels", path),
     )
 
 

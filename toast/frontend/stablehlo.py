@@ -309,6 +309,18 @@ def element_bits(element_type: Any) -> int:
     return 0
 
 
+def _integer_scalar(attr: Any) -> int | None:
+    """The value of a rank-0 (or splat) integer constant, else ``None``: loop bounds and steps, which the
+    cost model reads to count a ``stablehlo.while``'s iterations."""
+    try:
+        dense = ir.DenseIntElementsAttr(attr)
+    except (TypeError, ValueError):
+        return None
+    if not dense.is_splat or ir.ShapedType(dense.type).rank != 0:
+        return None
+    return int(ir.IntegerAttr(dense.get_splat_value()).value)
+
+
 def decode_attribute(attr: Any) -> Any:
     """An MLIR attribute as plain Python (ints, strings, tuples, dicts); ``None`` if opaque."""
     _load_ir()
@@ -329,6 +341,8 @@ def decode_attribute(attr: Any) -> Any:
         if len(ir.ShapedType(attr.type).shape) <= 1:
             return tuple(int(attr[i]) for i in range(len(attr)))
         return None
+    if stablehlo.ComparisonDirectionAttr.isinstance(attr):
+        return str(stablehlo.ComparisonDirectionAttr(attr).value)  # "LT", "EQ", ...
     numbers = _DIMENSION_NUMBERS.get(type(attr).__name__)
     if numbers is None:
         for cls_name in _DIMENSION_NUMBERS:
@@ -573,4 +587,8 @@ class _Reader:
             value = decode_attribute(attributes[name])
             if value is not None:
                 decoded.append((name, value))
+        if mlir_op.operation.name == "stablehlo.constant":
+            scalar = _integer_scalar(attributes["value"]) if "value" in attributes else None
+            if scalar is not None:
+                decoded.append(("scalar", scalar))
         return tuple(sorted(decoded, key=lambda kv: kv[0]))

@@ -52,13 +52,22 @@ def strategy_json(model: ShardingModel, state: ShardingState, actions: Sequence[
         "arguments": [tensor(v, model.value_axes(state, v)) for v in program.arguments],
         "results": [tensor(v, model.result_axes(state, k)) for k, v in enumerate(program.results)],
         "collectives": [_collective_json(program, c) for c in cost.collectives],
-        "cost": {
-            "runtime_s": cost.runtime_s,
-            "compute_s": cost.compute_s,
-            "communication_s": dict(sorted(cost.communication_s.items())),
-            "peak_bytes_per_device": cost.peak_bytes,
-            "relative": cost.relative,
-        },
+        "cost": cost_json(cost),
+    }
+
+
+def cost_json(cost: Any) -> dict[str, Any]:
+    """A ``Cost`` as JSON: ``step_time_s``, ``peak_bytes`` (per device), ``breakdown`` (seconds), ``kernels``
+    (launches per step), ``collectives`` (count), ``communication_s`` (seconds per mesh axis set),
+    ``relative`` (C(s)). The same keys in ``toast cost --json`` and a strategy file's ``cost``."""
+    return {
+        "step_time_s": cost.step_time_s,
+        "peak_bytes": cost.peak_bytes,
+        "breakdown": dict(cost.breakdown),
+        "kernels": cost.kernels,
+        "collectives": len(cost.collectives),
+        "communication_s": dict(sorted(cost.communication_s.items())),
+        "relative": cost.relative,
     }
 
 

@@ -1,0 +1,535 @@
+"""The kernels one device launches for a program: XLA-style fusion of StableHLO ops, loops, buffers.
+
+An accelerator does not run StableHLO ops one by one: XLA groups them into kernels, and a kernel's cost is
+the bytes it reads and writes at its boundary (plus its FLOPs, for library calls), not the sum over its ops.
+This module builds, once per program, the static plan the cost model prices per sharding state:
+
+- **Views.** ``reshape``, ``get_tuple_element``, ``tuple``, ``optimization_barrier``, sharding annotations and
+  inlined calls move no data: a value they make is the same buffer as their operand (its *root*). A loop's
+  carried values, its results and its body's arguments share one buffer too (XLA runs ``while`` in place).
+- **Library calls.** ``dot_general`` and ``convolution`` (cuBLAS/cuDNN on GPU), ``sort``, ``fft`` and other
+  custom calls are kernels of their own.
+- **Loop fusion.** An elementwise-like op (elementwise, ``convert``, ``transpose``, ``slice``,
+  ``concatenate``, ``pad``, ``gather``, ...) fuses into its consumer when that consumer is its only user and
+  is itself fusible: a chain becomes one kernel whose intermediates never exist in memory.
+- **Input fusion.** A ``reduce`` ends its kernel: its single-user elementwise producers fuse into it, its
+  users start a new kernel. A ``scatter`` likewise takes its update computation.
+- **Cheap producers.** ``broadcast_in_dim``, ``iota`` and constants are recomputed inside every kernel that
+  reads them (XLA duplicates them): such a kernel reads the broadcast's operand, not its result. They are
+  materialized only for a library call, a loop or a program result.
+- **Bytes touched.** ``gather``, ``slice`` and ``dynamic_slice`` read what they return, not their whole
+  operand; ``dynamic_update_slice`` writes its update in place.
+- **Loops.** A ``stablehlo.while`` runs its body's kernels once per iteration: the trip count is read from
+  the loop when it counts from a constant to a constant by a constant (what ``lax.scan`` and ``fori_loop``
+  emit), else taken as 1 (``Loop.trip_count_known`` says which). ``if``/``case`` run one branch.
+
+Order: kernels are numbered in program order (by the last op they contain), which is also the order one
+device's compute stream runs them in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from toast.frontend.ir import TERMINATORS, Program
+
+# Ops whose results are views of their first operand (no kernel, no new buffer).
+VIEW_OPS = frozenset({
+    "stablehlo.reshape", "stablehlo.get_tuple_element", "stablehlo.tuple", "stablehlo.optimization_barrier",
+    "stablehlo.bitcast_convert", "sdy.sharding_constraint", "sdy.reshard", "sdy.sharding_group",
+    "sdy.propagation_barrier", "mhlo.sharding", "stablehlo.after_all",
+})
+# Custom calls that are annotations, not work.
+VIEW_CUSTOM_CALLS = frozenset({"Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape", "MoveToHost",
+                               "MoveToDevice", "annotate_device_placement", "LayoutConstraint"})
+# Region-holding ops whose regions run inline (calls and sdy computations): transparent for fusion.
+INLINE_OPS = frozenset({"func.call", "sdy.named_computation", "sdy.manual_computation"})
+LOOP_OPS = frozenset({"stablehlo.while"})
+BRANCH_OPS = frozenset({"stablehlo.if", "stablehlo.case"})
+# Library calls: a kernel each (matmuls priced by FLOPs, others by bytes).
+MATMUL_OPS = frozenset({"stablehlo.dot_general", "stablehlo.dot", "stablehlo.convolution"})
+LIBRARY_OPS = MATMUL_OPS | frozenset({
+    "stablehlo.custom_call", "stablehlo.sort", "stablehlo.fft", "stablehlo.triangular_solve",
+    "stablehlo.cholesky", "stablehlo.rng_bit_generator", "stablehlo.rng", "stablehlo.all_reduce",
+    "stablehlo.all_gather", "stablehlo.reduce_scatter", "stablehlo.all_to_all", "stablehlo.collective_permute",
+    "stablehlo.collective_broadcast", "stablehlo.infeed", "stablehlo.outfeed", "stablehlo.send", "stablehlo.recv",
+})
+REDUCTION_OPS = frozenset({"stablehlo.reduce", "stablehlo.reduce_window", "stablehlo.select_and_scatter"})
+SCATTER_OPS = frozenset({"stablehlo.scatter"})
+# Recomputed by each consumer kernel instead of stored.
+CHEAP_OPS = frozenset({"stablehlo.broadcast_in_dim", "stablehlo.broadcast", "stablehlo.iota", "stablehlo.constant"})
+# Ops that read only what they return from operand 0.
+TOUCHING_OPS = frozenset({"stablehlo.gather", "stablehlo.slice", "stablehlo.dynamic_slice"})
+
+
+@dataclass(frozen=True, slots=True)
+class Kernel:
+    """One kernel launch.
+
+    Attributes:
+      kind: ``"matmul"`` (dot_general/convolution), ``"library"`` (other library calls), ``"reduction"``,
+        ``"scatter"`` or ``"fusion"`` (a loop fusion).
+      ops: op ids it runs, in program order.
+      loop: the innermost ``stablehlo.while`` holding it (op id), ``-1`` at top level.
+      repeats: how many times one step runs it (the product of the enclosing loops' trip counts).
+    """
+
+    kind: str
+    ops: tuple[int, ...]
+    loop: int
+    repeats: int
+
+
+@dataclass(frozen=True, slots=True)
+class Loop:
+    """A ``stablehlo.while`` as the cost model sees it.
+
+    Attributes:
+      op: the while op's id.
+      trip_count: iterations per step (1 when not known).
+      trip_count_known: whether the count was read from the loop.
+    """
+
+    op: int
+    trip_count: int
+    trip_count_known: bool
+
+
+class KernelPlan:
+    """The kernels, buffers and loops of one program (built once, linear in its size).
+
+    Attributes:
+      program: the program.
+      root: ``int64[values]``, the value whose buffer each value is (itself unless a view).
+      kernels: every kernel, in launch order.
+      kernel_of_op: ``int64[ops]``, the kernel running each op (``-1``: views, control, cheap producers
+        recomputed in their consumers).
+      loops: ``op id -> Loop`` for every ``stablehlo.while``.
+      reads: ``(kernel, value, weight value)`` rows as three ``int64`` arrays: the kernel reads the buffer of
+        ``value`` and moves as many bytes as ``weight value`` holds (itself, or the result of a gather/slice).
+      writes: ``(kernel, value, weight value)`` rows likewise for the values a kernel writes for others.
+      scatter_updates: ``(kernel, value)`` rows: the update operands of scatters (elements added atomically).
+      buffers: value ids that occupy memory (arguments, kernel outputs, loop carries), each once.
+      buffer_born, buffer_dies: ``int64`` positions (kernel indices; ``-1`` before the first) between which
+        each buffer is live; arguments and program results live for the whole step.
+      program_buffers: ``bool`` per buffer: an argument or a result (XLA's argument and output allocations).
+    """
+
+    def __init__(self, program: Program):
+        self.program = program
+        ops = program.ops
+        producer = program.producer
+        value_count = len(program.values)
+        self.loops: dict[int, Loop] = {}
+        # Views: the buffer each value is.
+        source = list(range(value_count))
+        for op in ops:
+            kind = op.kind
+            if _is_view(op) and op.operands:
+                for k, value_id in enumerate(op.results):
+                    source[value_id] = op.operands[min(k, len(op.operands) - 1)] if kind in (
+                        "stablehlo.tuple", "stablehlo.optimization_barrier", "sdy.sharding_group") else op.operands[0]
+            elif kind in INLINE_OPS or kind in LOOP_OPS:
+                for args in op.regions[-1:] if kind in LOOP_OPS else op.regions[:1]:
+                    for value_id, operand in zip(args, op.operands, strict=False):
+                        source[value_id] = operand
+                if kind in LOOP_OPS:
+                    for value_id, operand in zip(op.results, op.operands, strict=False):
+                        source[value_id] = operand
+                    if op.regions:
+                        for value_id, operand in zip(op.regions[0], op.operands, strict=False):
+                            source[value_id] = operand
+            elif kind == "stablehlo.dynamic_update_slice":
+                source[op.results[0]] = op.operands[0]  # in place
+        returns: dict[tuple[int, int], int] = {}
+        for op in ops:
+            if op.kind in TERMINATORS and op.parent is not None:
+                returns[op.parent] = op.id
+        for op in ops:
+            if op.kind in INLINE_OPS and (op.id, 0) in returns:
+                inner = ops[returns[(op.id, 0)]]
+                for value_id, returned in zip(op.results, inner.operands, strict=False):
+                    source[value_id] = returned
+        root = np.arange(value_count, dtype=np.int64)
+        for value_id in range(value_count):
+            r = value_id
+            while source[r] != r:
+                r = source[r]
+            root[value_id] = r
+        self.root = root
+
+        # Scheduling scope of each op: the innermost loop or branch op holding it (inline regions are
+        # transparent), -1 at top level.
+        scope = [-1] * len(ops)
+        for op in ops:
+            if op.parent is not None:
+                parent = ops[op.parent[0]]
+                scope[op.id] = parent.id if parent.kind in LOOP_OPS or parent.kind in BRANCH_OPS else scope[parent.id]
+        self.scope = scope
+        for op in ops:
+            if op.kind in LOOP_OPS:
+                trips = _trip_count(program, op)
+                self.loops[op.id] = Loop(op.id, trips or 1, trips is not None)
+
+        # Ops in the computation region of a reduce, scatter, sort, ... are that op's scalar function, not
+        # kernels of their own.
+        category: list[str] = []
+        for op in ops:
+            holder = ops[op.parent[0]].kind if op.parent is not None else ""
+            in_computation = op.parent is not None and (
+                category[op.parent[0]] == "computation" or holder not in INLINE_OPS | LOOP_OPS | BRANCH_OPS)
+            category.append("computation" if in_computation else _category(op))
+        # Users of each buffer (through views), by op: the real readers.
+        users: list[list[int]] = [[] for _ in range(value_count)]
+        escapes = np.zeros(value_count, dtype=bool)  # read by a terminator, a loop, a branch or a library call
+        for op in ops:
+            if _is_view(op) or op.kind in INLINE_OPS or category[op.id] == "computation":
+                continue
+            for value_id in op.operands:
+                r = int(root[value_id])
+                users[r].append(op.id)
+        for value_id in program.results:
+            escapes[root[value_id]] = True
+        for op in ops:
+            cat = category[op.id]
+            if cat in ("terminator", "loop", "branch", "library", "matmul"):
+                if cat == "terminator" and op.parent is not None and ops[op.parent[0]].kind in INLINE_OPS:
+                    continue  # a call's results are views of what its body returns
+                for value_id in op.operands:
+                    escapes[root[value_id]] = True
+
+        # Cheap producers are materialized only when something other than a fusible op reads them.
+        materialized_cheap = np.zeros(len(ops), dtype=bool)
+        for op in ops:
+            if category[op.id] == "cheap":
+                for value_id in op.results:
+                    if escapes[value_id]:
+                        materialized_cheap[op.id] = True
+
+        # Fusion: a fusible op whose result only fusible ops of its scope read is recomputed inside each of
+        # them (XLA fuses a producer into all its consumers, duplicating it): like a cheap producer, it is
+        # never stored. Every other fusible op, reduction, scatter and library call roots a kernel.
+        fuses_into = category.copy()
+        for op in reversed(ops):  # consumers before producers
+            if category[op.id] != "fusible" or op.kind == "stablehlo.dynamic_update_slice" or not op.results:
+                continue
+            readers = [u for value_id in op.results for u in users[int(root[value_id])]]
+            if readers and not any(escapes[int(root[v])] for v in op.results) and all(
+                    category[u] in ("fusible", "reduction", "scatter") and scope[u] == scope[op.id] for u in readers
+            ):
+                fuses_into[op.id] = "recomputed"
+            elif op.kind == "stablehlo.dynamic_slice" and readers and not escapes[int(root[op.results[0]])] and all(
+                    category[u] in ("matmul", "library") for u in readers):
+                fuses_into[op.id] = "recomputed"  # the library call reads the slice in place
+        # A dynamic_update_slice of a library call's only result: the call writes into the slice in place
+        # (XLA's dynamic-slice fusion), no kernel of its own.
+        for op in ops:
+            if op.kind == "stablehlo.dynamic_update_slice" and len(op.operands) > 1:
+                update = int(root[op.operands[1]])
+                p = producer[update]
+                if p >= 0 and category[p] in ("matmul", "library") and users[update] == [op.id]:
+                    fuses_into[op.id] = "in_place"
+        # Sibling (multi-output) fusion: reductions of one scope over the same shape and dims that read a
+        # common buffer and do not depend on each other become one kernel (XLA's multi-output fusion, e.g.
+        # the scale and bias gradients of a LayerNorm).
+        inputs_memo: dict[int, frozenset[int]] = {}
+
+        def inputs_of(op_id: int) -> frozenset[int]:
+            if op_id in inputs_memo:
+                return inputs_memo[op_id]
+            found: set[int] = set()
+            for value_id in ops[op_id].operands:
+                r = int(root[value_id])
+                p = producer[r]
+                if p >= 0 and r in ops[p].results and (fuses_into[p] == "recomputed" or (
+                        category[p] == "cheap" and not materialized_cheap[p])):
+                    found |= inputs_of(p)
+                else:
+                    found.add(r)
+            inputs_memo[op_id] = frozenset(found)
+            return inputs_memo[op_id]
+
+        group = np.arange(len(ops), dtype=np.int64)
+        group_inputs: dict[int, set[int]] = {}
+        group_results: dict[int, set[int]] = {}
+        buckets: dict[tuple, list[int]] = {}
+        for op in ops:
+            if category[op.id] != "reduction" or op.kind != "stablehlo.reduce" or not op.operands:
+                continue
+            mine = set(inputs_of(op.id))
+            made = {int(root[v]) for v in op.results}
+            signature = (scope[op.id], program.values[op.operands[0]].shape, op.attr("dimensions", ()))
+            chosen = -1
+            for r in sorted(mine):
+                for g in buckets.get((signature, r), ()):
+                    if not (group_results[g] & mine) and not (made & group_inputs[g]):
+                        chosen = g
+                        break
+                if chosen >= 0:
+                    break
+            if chosen < 0:
+                chosen = op.id
+                group_inputs[chosen], group_results[chosen] = set(), set()
+            group[op.id] = chosen
+            group_inputs[chosen] |= mine
+            group_results[chosen] |= made
+            for r in mine:
+                bucket = buckets.setdefault((signature, r), [])
+                if chosen not in bucket:
+                    bucket.append(chosen)
+
+        def find(x: int) -> int:
+            return int(group[x])
+
+        forms_kernel = np.zeros(len(ops), dtype=bool)
+        for op in ops:
+            cat = fuses_into[op.id]
+            forms_kernel[op.id] = cat in ("fusible", "reduction", "scatter", "library", "matmul") or (
+                cat == "cheap" and materialized_cheap[op.id])
+        members: dict[int, list[int]] = {}
+        for op in ops:
+            if forms_kernel[op.id]:
+                members.setdefault(find(op.id), []).append(op.id)
+        ordered = sorted(members.values(), key=lambda m: m[-1])
+        kernel_of_op = np.full(len(ops), -1, dtype=np.int64)
+        kernels: list[Kernel] = []
+        for index, group_ops in enumerate(ordered):
+            kernel_of_op[group_ops] = index
+            kinds = {category[o] for o in group_ops}
+            kind = ("matmul" if "matmul" in kinds else "library" if "library" in kinds else "scatter"
+                    if "scatter" in kinds else "reduction" if "reduction" in kinds else "fusion")
+            loop = self._enclosing_loop(group_ops[-1])
+            kernels.append(Kernel(kind, tuple(group_ops), loop, self._repeats(loop)))
+        self.kernels = tuple(kernels)
+        self.kernel_of_op = kernel_of_op
+
+        # Reads and writes at kernel boundaries.
+        read_rows: dict[tuple[int, int], int] = {}
+        write_rows: dict[tuple[int, int], int] = {}
+        scatter_rows: list[tuple[int, int]] = []
+
+        def read(kernel: int, value_id: int, weight: int, seen: set[int]) -> None:
+            r = int(root[value_id])
+            p = producer[r]
+            if p >= 0 and r in ops[p].results and (
+                    (category[p] == "cheap" and not materialized_cheap[p]) or fuses_into[p] == "recomputed"):
+                if p in seen:
+                    return
+                seen.add(p)
+                for k, operand in enumerate(ops[p].operands):
+                    touched = ops[p].kind in TOUCHING_OPS and k == 0
+                    read(kernel, operand, ops[p].results[0] if touched else operand, seen)
+                return
+            if p >= 0 and kernel_of_op[p] == kernel and r in ops[p].results:
+                return  # made inside the kernel
+            key = (kernel, r)
+            full = int(root[weight]) == r
+            if key not in read_rows or full:
+                read_rows[key] = r if full else weight
+
+        for index, kernel in enumerate(kernels):
+            seen: set[int] = set()
+            for op_id in kernel.ops:
+                op = ops[op_id]
+                for k, value_id in enumerate(op.operands):
+                    if op.kind == "stablehlo.dynamic_update_slice" and k == 0:
+                        continue  # updated in place: not read
+                    weight = op.results[0] if op.kind in TOUCHING_OPS and k == 0 else value_id
+                    read(index, value_id, weight, seen)
+                if op.kind == "stablehlo.dynamic_update_slice":
+                    write_rows[(index, int(root[op.results[0]]))] = op.operands[1]
+                    continue
+                for value_id in op.results:
+                    outside = escapes[value_id] or any(kernel_of_op[u] != index for u in users[value_id])
+                    if outside:
+                        write_rows.setdefault((index, value_id), value_id)
+                if op.kind in SCATTER_OPS:
+                    inputs = (len(op.operands) - 1) // 2
+                    scatter_rows.extend((index, u) for u in op.operands[inputs + 1:])
+        self.reads = _rows(read_rows)
+        self.writes = _rows(write_rows)
+        scatter = np.asarray(scatter_rows, dtype=np.int64).reshape(-1, 2)
+        self.scatter_updates = (scatter[:, 0], scatter[:, 1])
+
+        # Buffers and live ranges in kernel positions.
+        self.buffers, self.buffer_born, self.buffer_dies, self.program_buffers = self._live_ranges(
+            users, escapes, materialized_cheap, category)
+
+    def _enclosing_loop(self, op_id: int) -> int:
+        s = self.scope[op_id]
+        while s >= 0 and s not in self.loops:
+            s = self.scope[s]
+        return s
+
+    def _repeats(self, loop: int) -> int:
+        repeats = 1
+        while loop >= 0:
+            repeats *= self.loops[loop].trip_count
+            loop = self._enclosing_loop(loop)
+        return repeats
+
+    def _live_ranges(self, users, escapes, materialized_cheap, category):
+        program, ops = self.program, self.program.ops
+        kernel_of_op = self.kernel_of_op
+        last = len(self.kernels)
+        # The position an op reads its operands at: its kernel; a loop or branch reads them over its whole
+        # body (the last kernel inside it); a view or terminator at the position of whatever uses it next.
+        span_end = np.full(len(ops), -1, dtype=np.int64)
+        for op in reversed(ops):
+            end = int(kernel_of_op[op.id])
+            span_end[op.id] = max(span_end[op.id], end)
+            if op.parent is not None:
+                parent = op.parent[0]
+                span_end[parent] = max(span_end[parent], span_end[op.id])
+        position = np.full(len(ops), -1, dtype=np.int64)
+        for op in ops:
+            k = int(kernel_of_op[op.id])
+            position[op.id] = k if k >= 0 else span_end[op.id]
+        # A region's terminator hands its operands on: they live to the end of the enclosing op.
+        for op in ops:
+            if op.kind in TERMINATORS and op.parent is not None:
+                position[op.id] = span_end[op.parent[0]]
+        born = {}
+        dies = {}
+        arguments = {int(self.root[v]) for v in program.arguments}
+        results = {int(self.root[v]) for v in program.results}
+        for op in ops:
+            k = int(kernel_of_op[op.id])
+            if k < 0 or (category[op.id] == "cheap" and not materialized_cheap[op.id]):
+                continue
+            for value_id in op.results:
+                r = int(self.root[value_id])
+                if r == value_id or r not in born:
+                    born.setdefault(r, k)
+        for value_id in arguments:
+            born[value_id] = -1
+        # A buffer dies after the last kernel that reads it (a recomputed producer's reads happen in the
+        # kernels it is fused into) or the end of the loop, branch or region that hands it on.
+        last_read: dict[int, int] = {}
+        for kernel, value_id in zip(self.reads[0].tolist(), self.reads[1].tolist(), strict=True):
+            last_read[value_id] = max(last_read.get(value_id, -1), kernel)
+        for r in list(born):
+            end = max(born[r], last_read.get(r, -1))
+            for u in users[r]:
+                if kernel_of_op[u] < 0 and category[u] in ("terminator", "loop", "branch"):
+                    end = max(end, int(position[u]))
+            dies[r] = end
+        for r in results | arguments:
+            if r in born:
+                born[r] = -1
+                dies[r] = last
+        buffers = np.asarray(sorted(born), dtype=np.int64)
+        program_buffers = np.asarray([b in arguments or b in results for b in buffers.tolist()], dtype=bool)
+        return (buffers, np.asarray([born[b] for b in buffers.tolist()], dtype=np.int64),
+                np.asarray([dies[b] for b in buffers.tolist()], dtype=np.int64), program_buffers)
+
+
+def _rows(rows: dict[tuple[int, int], int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    ordered = sorted(rows.items())
+    kernel = np.asarray([k for (k, _), _ in ordered], dtype=np.int64)
+    value = np.asarray([v for (_, v), _ in ordered], dtype=np.int64)
+    weight = np.asarray([w for _, w in ordered], dtype=np.int64)
+    return kernel, value, weight
+
+
+def _is_view(op) -> bool:
+    if op.kind in VIEW_OPS:
+        return True
+    return op.kind == "stablehlo.custom_call" and op.attr("call_target_name", "") in VIEW_CUSTOM_CALLS
+
+
+def _category(op) -> str:
+    kind = op.kind
+    if kind in TERMINATORS:
+        return "terminator"
+    if _is_view(op) or kind in INLINE_OPS:
+        return "view"
+    if kind in LOOP_OPS:
+        return "loop"
+    if kind in BRANCH_OPS:
+        return "branch"
+    if kind in MATMUL_OPS:
+        return "matmul"
+    if kind in LIBRARY_OPS:
+        return "library"
+    if kind in REDUCTION_OPS:
+        return "reduction"
+    if kind in SCATTER_OPS:
+        return "scatter"
+    if kind in CHEAP_OPS:
+        return "cheap"
+    return "fusible"
+
+
+def _trip_count(program: Program, loop) -> int | None:
+    """Iterations of a counted while loop (``for i in range(a, b, s)`` as ``lax.scan``/``fori_loop`` lower
+    it): the condition compares a carried counter against a constant, the body adds a constant to it, and
+    the counter starts from a constant. ``None`` when the loop is not of that form."""
+    ops, producer = program.ops, program.producer
+    if len(loop.regions) < 2:
+        return None
+    cond_args, body_args = loop.regions[0], loop.regions[1]
+    cond_ops = [op for op in ops if op.parent == (loop.id, 0)]
+    body_ops = [op for op in ops if op.parent == (loop.id, 1)]
+    if not cond_ops or cond_ops[-1].kind not in TERMINATORS:
+        return None
+    condition = cond_ops[-1].operands[0]
+    compare = ops[producer[condition]] if producer[condition] >= 0 else None
+    if compare is None or compare.kind != "stablehlo.compare" or compare.parent != (loop.id, 0):
+        return None
+    direction = compare.attr("comparison_direction", "LT")
+    lhs, rhs = compare.operands
+    if direction == "GT":
+        lhs, rhs, direction = rhs, lhs, "LT"
+    if direction != "LT" or lhs not in cond_args:
+        return None
+    bound = _constant(program, rhs)
+    index = cond_args.index(lhs)
+    start = _constant(program, loop.operands[index]) if index < len(loop.operands) else None
+    if bound is None or start is None or not body_ops or body_ops[-1].kind not in TERMINATORS:
+        return None
+    next_value = body_ops[-1].operands[index]
+    add = ops[producer[next_value]] if producer[next_value] >= 0 else None
+    if add is None or add.kind != "stablehlo.add" or body_args[index] not in add.operands:
+        return None
+    other = add.operands[1] if add.operands[0] == body_args[index] else add.operands[0]
+    step = _constant(program, other)
+    if step is None or step <= 0:
+        return None
+    return max(0, -(-(bound - start) // step))
+
+
+def _constant(program: Program, value_id: int) -> int | None:
+    """The integer a scalar constant holds (through converts and reshapes), else ``None``."""
+    seen = 0
+    while seen < 4:
+        p = program.producer[value_id]
+        if p < 0:
+            return None
+        op = program.ops[p]
+        if op.kind == "stablehlo.constant":
+            scalar = op.attr("scalar")
+            return int(scalar) if scalar is not None else None
+        if op.kind not in ("stablehlo.convert", "stablehlo.reshape", "stablehlo.broadcast_in_dim") or not op.operands:
+            return None
+        value_id = op.operands[0]
+        seen += 1
+    return None
+
+
+def kernel_counts(plan: KernelPlan) -> dict[str, int]:
+    """Kernels launched per step by kind (loop bodies counted once per iteration)."""
+    counts: dict[str, int] = {}
+    for kernel in plan.kernels:
+        counts[kernel.kind] = counts.get(kernel.kind, 0) + kernel.repeats
+    return dict(sorted(counts.items()))
+
+
+def describe_kernels(plan: KernelPlan, kernels: Sequence[int]) -> list[str]:
+    """One line per kernel: its kind and ops (for debugging and reports)."""
+    ops = plan.program.ops
+    return [f"{plan.kernels[k].kind}: " + ", ".join(ops[o].kind.removeprefix("stablehlo.") for o in plan.kernels[k].ops)
+            for k in kernels]
