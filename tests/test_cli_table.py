@@ -18,10 +18,10 @@ from toast.cli import main
 
 MLP = "toast.examples.mlp:mlp"
 GPT = "toast.examples.gpt:gpt_small"
-COMMANDS = ("analyze", "explain", "graph", "shard", "validate")
+COMMANDS = ("analyze", "explain", "graph", "shard", "cost", "validate")
 # The file each command writes, by option (explain writes none).
 OUTPUTS = {"analyze": ("--json",), "explain": (), "graph": ("-o",), "shard": ("-o", "--emit"),
-           "validate": ("--json",)}
+           "cost": ("--json",), "validate": ("--json",)}
 SUFFIX = {"--json": ".json", "-o": ".json", "--emit": ".mlir"}
 
 
@@ -44,7 +44,8 @@ def _base(command: str, case: Case, strategy: str) -> list[str]:
     program = case.input or MLP
     options = {
         "analyze": [], "explain": [], "graph": ["--color", "0"],
-        "shard": ["--mesh", "batch=2", "--batch", "x:0"], "validate": ["--devices", "2"],
+        "shard": ["--mesh", "batch=2", "--batch", "x:0"], "cost": ["--hardware", "h100"],
+        "validate": ["--devices", "2"],
     }[command]
     for option, value in case.replace.items():
         options[options.index(option) + 1] = value
@@ -73,6 +74,10 @@ def _cases() -> list[Case]:
         Case("bad --mesh", ("shard",), True, "--mesh", replace={"--mesh": "batch=two"}),
         Case("unknown --strategy", ("shard",), True, "strategy", extra=("--strategy", "nope")),
         Case("unknown --hardware", ("shard",), True, "nope", extra=("--hardware", "nope")),
+        Case("unknown --strategy name", ("cost",), True, "known: data_parallel, megatron, fsdp, sequence",
+             extra=("--mesh", "batch=2", "--strategy", "nope")),
+        Case("manual strategy without --mesh", ("cost",), True, "needs --mesh", extra=("--strategy", "megatron")),
+        Case("unknown --hardware for cost", ("cost",), True, "unknown hardware 'nope'", replace={"--hardware": "nope"}),
         Case("bad --color", ("graph",), True, "--color", replace={"--color": "seq"}),
         Case("bad --format", ("graph",), True, "--format png", extra=("--format", "png")),
         Case("bad -o suffix", ("graph",), True, ".png", output="-o=x.png"),

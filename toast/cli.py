@@ -1,4 +1,4 @@
-"""``toast`` command line: ``analyze``, ``explain``, ``graph``, ``shard`` and ``validate``.
+"""``toast`` command line: ``analyze``, ``explain``, ``graph``, ``shard``, ``cost`` and ``validate``.
 
 Problems the user can fix print one line ``toast: error: ...`` and exit 2; no traceback.
 """
@@ -86,6 +86,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     shard_parser.add_argument("-o", "--output", metavar="FILE", help="write the strategy JSON to FILE")
     shard_parser.add_argument("--emit", metavar="FILE", help="write the StableHLO annotated with the shardings "
                               "(Shardy form, as jax.jit lowers it) to FILE")
+    shard_parser.add_argument("--donate", action="store_true", help="donate the arguments (jax.jit donate_argnums): "
+                              "outputs may reuse their buffers; recorded in the strategy file")
+    cost_parser = commands.add_parser("cost", help="estimate one device's step time and peak memory")
+    _add_analysis_options(cost_parser)
+    cost_parser.add_argument("--hardware", required=True, help="accelerator profile (hardware/NAME.toml) or a TOML "
+                             "path")
+    cost_parser.add_argument("--mesh", help="logical mesh, e.g. batch=4,model=2 (default: one device, unsharded)")
+    cost_parser.add_argument("--strategy", metavar="NAME|FILE", help="a manual strategy (data_parallel, megatron, "
+                             "fsdp, sequence; needs --mesh) or a strategy file from `toast shard -o`")
+    cost_parser.add_argument("--roles", metavar="FILE", help="roles file (TOML) for a manual strategy")
+    cost_parser.add_argument("--donate", action="store_true", help="donate the arguments (jax.jit donate_argnums): "
+                             "outputs may reuse their buffers")
+    cost_parser.add_argument("--no-overlap", action="store_true", help="run collectives on the compute stream")
+    cost_parser.add_argument("--json", metavar="FILE", help="write the estimate as JSON to FILE")
     validate_parser = commands.add_parser("validate", help="compile and run a strategy with XLA on host CPU "
                                           "devices; compare collectives and memory with the predictions")
     _add_analysis_options(validate_parser)
@@ -136,6 +150,8 @@ def _run(options: argparse.Namespace) -> int:
         hardware = load_hardware(options.hardware)
         roles = roles_for_input(options.input, roles_path=options.roles, batch=options.batch)
         check_strategy(options.strategy, roles=roles, mesh=mesh)
+    if options.command == "cost":
+        cost_plan = _cost_plan(options)  # bad input fails before the analysis
     if options.command == "validate":
         from toast.cost.hardware import load_hardware
         from toast.output.strategy_file import read_strategy, strategy_mesh
@@ -164,6 +180,8 @@ def _run(options: argparse.Namespace) -> int:
         return 0
     if options.command == "shard":
         return _shard(options, analysis, mesh, hardware, roles)
+    if options.command == "cost":
+        return _cost(options, analysis, *cost_plan)
     if options.command == "validate":
         return _validate(options, analysis, document, mesh, hardware)
     if options.command == "graph":
@@ -194,9 +212,10 @@ def _shard(options: argparse.Namespace, analysis, mesh, hardware, roles) -> int:
 
     model = ShardingModel(analysis, mesh)
     state, actions = manual_strategy(model, options.strategy, roles)
-    cost = CostModel(model, hardware).evaluate(state)
+    donate = tuple(range(len(analysis.program.arguments))) if options.donate else ()
+    cost = CostModel(model, hardware, donate=donate).evaluate(state)
     document = strategy_json(model, state, actions, cost, source=options.input, hardware=hardware.name,
-                             name=options.strategy)
+                             name=options.strategy, donate=donate)
     outputs = []
     if options.output:
         outputs.append(Output("-o", Path(options.output), json_text(document)))
@@ -218,6 +237,92 @@ def _shard(options: argparse.Namespace, analysis, mesh, hardware, roles) -> int:
     print(f"relative cost {cost.relative:.3f}: the step time over the unsharded program's on one device"
           + (", plus the penalty for memory over the device's" if cost.peak_bytes > hardware.hbm_bytes else ""))
     print("collectives: " + (", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "none"))
+    return 0
+
+
+def _cost_plan(options: argparse.Namespace):
+    """What ``toast cost`` will price, checked before the analysis: ``(hardware, mesh, strategy, roles,
+    document)`` with ``strategy`` a manual strategy's name or ``None`` and ``document`` a strategy file's."""
+    from toast.cost.hardware import load_hardware
+    from toast.output.strategy_file import read_strategy, strategy_mesh
+    from toast.sharding.mesh import parse_mesh
+    from toast.sharding.roles import roles_for_input
+    from toast.sharding.strategies import STRATEGIES, check_strategy
+
+    hardware = load_hardware(options.hardware)
+    mesh = parse_mesh(options.mesh) if options.mesh else None
+    strategy = options.strategy
+    if strategy is None:
+        return hardware, mesh or parse_mesh("device=1"), None, None, None
+    if strategy.endswith(".json") or Path(strategy).is_file():
+        document = read_strategy(strategy)
+        file_mesh = strategy_mesh(document, path=strategy)
+        if mesh is not None and mesh != file_mesh:
+            raise ToastError(f"--mesh {options.mesh}, but the strategy file {strategy} is for mesh {file_mesh.spec()}")
+        return hardware, file_mesh, None, None, document
+    if strategy not in STRATEGIES:
+        raise ToastError(f"unknown strategy '{strategy}' (known: {', '.join(STRATEGIES)}; or a strategy file "
+                         "from `toast shard -o`)")
+    if mesh is None:
+        raise ToastError(f"--strategy {strategy} needs --mesh, e.g. --mesh batch=4,model=2")
+    roles = roles_for_input(options.input, roles_path=options.roles)
+    check_strategy(strategy, roles=roles, mesh=mesh)
+    return hardware, mesh, strategy, roles, None
+
+
+def _cost(options: argparse.Namespace, analysis, hardware, mesh, strategy, roles, document) -> int:
+    from toast.cost.model import CostModel
+    from toast.output.files import Output, json_text, write_outputs
+    from toast.output.report import human_bytes, human_seconds
+    from toast.output.strategy_file import cost_json, strategy_state
+    from toast.sharding.state import ShardingModel, spec_entries
+    from toast.sharding.strategies import manual_strategy
+
+    model = ShardingModel(analysis, mesh)
+    if document is not None:
+        state = strategy_state(model, document, path=options.strategy)
+        donate = tuple(document.get("donate", ()))
+        label = f"strategy file {options.strategy}"
+    elif strategy is not None:
+        state, _ = manual_strategy(model, strategy, roles)
+        donate = ()
+        label = f"strategy {strategy}"
+    else:
+        state, donate, label = model.initial(), (), "unsharded"
+    if options.donate:
+        donate = tuple(range(len(analysis.program.arguments)))
+    costs = CostModel(model, hardware, donate=donate, overlap=not options.no_overlap)
+    cost = costs.evaluate(state)
+    live = costs.live_at_peak(state)
+    program = analysis.program
+    breakdown = cost.breakdown
+    print(f"{program.name}: {label} on mesh {mesh.spec()} ({hardware.name}){', arguments donated' if donate else ''}")
+    print(f"step time {human_seconds(cost.step_time_s)} per device: {cost.kernels} kernels, "
+          f"{len(cost.collectives)} collectives")
+    rows = (("compute-bound kernels", "compute_bound_s"), ("memory-bound kernels", "memory_bound_s"),
+            ("launch overhead", "launch_overhead_s"), ("exposed communication", "exposed_communication_s"),
+            ("hidden communication", "hidden_communication_s"))
+    for label_text, key in rows:
+        note = " (overlapped, not in the step time)" if key == "hidden_communication_s" else ""
+        print(f"  {label_text:<22} {human_seconds(breakdown[key]):>10}{note}")
+    print(f"peak memory {human_bytes(cost.peak_bytes)} per device; largest live buffers at the peak:")
+    for buffer in live:
+        shape = "x".join(str(d) for d in buffer.shape) or "scalar"
+        axes = spec_entries(model.value_axes(state, buffer.value)) if buffer.shape else ()
+        sharded = f" sharded {list(axes)}" if any(a is not None for a in axes) else ""
+        print(f"  {human_bytes(buffer.bytes):>10}  {buffer.name} {buffer.dtype}[{shape}]{sharded}"
+              f"{'  ' + buffer.loc if buffer.loc else ''}")
+    if options.json:
+        document_out = {
+            "program": program.name, "source": options.input, "hardware": hardware.name,
+            "mesh": {"axes": [[axis, size] for axis, size in mesh.axes]},
+            "strategy": strategy or (options.strategy if document is not None else None),
+            "donate": list(donate), "overlap": not options.no_overlap,
+            **cost_json(cost),
+            "live_at_peak": [{"value": b.name, "shape": list(b.shape), "dtype": b.dtype, "bytes": b.bytes,
+                              "loc": b.loc} for b in live],
+        }
+        write_outputs([Output("--json", Path(options.json), json_text(document_out))])
     return 0
 
 

@@ -314,12 +314,14 @@ class CostModel:
         else:
             step = self._makespan(item_time, timed) + self.hardware.step_overhead
             exposed = step - compute_busy
+            if exposed < 1e-12 * max(step, 1.0):  # rounding of the same sums taken in two orders
+                exposed, step = 0.0, compute_busy
         breakdown = {
             "compute_bound_s": busy_compute,
             "memory_bound_s": busy_memory,
             "launch_overhead_s": overheads,
             "exposed_communication_s": exposed + in_loops,
-            "hidden_communication_s": total_comm - exposed,
+            "hidden_communication_s": max(0.0, total_comm - exposed) if total_comm - exposed > 1e-12 * step else 0.0,
         }
         peak = self._peak_memory(state, collectives, value_bytes)
         return step, compute_busy - in_loops, breakdown, communication, peak, collectives

@@ -29,7 +29,7 @@ from toast.sharding.state import Action, ShardingModel, ShardingState, spec_entr
 
 
 def strategy_json(model: ShardingModel, state: ShardingState, actions: Sequence[Any], cost: Cost, *,
-                  source: str, hardware: str, name: str) -> dict[str, Any]:
+                  source: str, hardware: str, name: str, donate: Sequence[int] = ()) -> dict[str, Any]:
     """The strategy document of ``state`` (deterministic order)."""
     program = model.analysis.program
 
@@ -52,6 +52,7 @@ def strategy_json(model: ShardingModel, state: ShardingState, actions: Sequence[
         "arguments": [tensor(v, model.value_axes(state, v)) for v in program.arguments],
         "results": [tensor(v, model.result_axes(state, k)) for k, v in enumerate(program.results)],
         "collectives": [_collective_json(program, c) for c in cost.collectives],
+        **({"donate": sorted(donate)} if donate else {}),
         "cost": cost_json(cost),
     }
 

@@ -1,0 +1,226 @@
+"""The kernel cost model against hand-computed times and bytes.
+
+Every expected number below is worked out by hand from the profile ``UNIT`` (round numbers: 1e12 FLOP/s,
+1e12 B/s HBM at 100%, NVLink 1e11 B/s with 1 us per step, 1 us per kernel, 10 us per step).
+"""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from toast import Action, CostModel, ShardingModel, analyze, parse_mesh
+from toast.cost.hardware import load_hardware
+from toast.cost.kernels import KernelPlan, kernel_counts
+
+UNIT = """\
+name = "unit"
+description = "round numbers for hand-computed tests"
+[compute]
+bf16 = 1e12
+f32 = 1e12
+sources = ["round numbers"]
+[memory]
+hbm_bytes = 1e12
+hbm_bandwidth = 1e12
+sources = ["round numbers"]
+[kernels]
+matmul_efficiency = 1.0
+matmul_overhead = 1e-6
+f32_matmul = "f32"
+hbm_efficiency = 1.0
+kernel_overhead = 1e-6
+step_overhead = 1e-5
+scatter_add_rate = 1e9
+scatter_add_rate_16bit = 5e8
+sources = ["round numbers"]
+[[interconnect]]
+level = "nvlink"
+devices = 8
+bandwidth = 1e11
+latency = 1e-6
+sources = ["round numbers"]
+"""
+STEP = 1e-5
+KERNEL = 1e-6
+
+
+@pytest.fixture(scope="module")
+def unit(tmp_path_factory):
+    path = tmp_path_factory.mktemp("hw") / "unit.toml"
+    path.write_text(UNIT)
+    return load_hardware(str(path))
+
+
+def _model(fn, shapes, mesh="d=1"):
+    args = [jax.ShapeDtypeStruct(s, jnp.float32) for s in shapes]
+    analysis = analyze("test", fn=fn, args=args)
+    return ShardingModel(analysis, parse_mesh(mesh))
+
+
+def _shard(model, state, argument, dim, axis):
+    """Shard dim ``dim`` of argument number ``argument`` (and its whole color) along ``axis``."""
+    analysis = model.analysis
+    name = analysis.names.def_base[analysis.program.arguments[argument]] + dim
+    return model.apply(state, Action(int(analysis.color_of[name]), axis))
+
+
+def matmul_seconds(m, k, n):
+    """One f32 [m,k]x[k,n] matmul on UNIT: compute-bound for these sizes, plus the library overhead."""
+    flops, moved = 2 * m * k * n, 4 * (m * k + k * n + m * n)
+    assert flops / 1e12 > moved / 1e12
+    return flops / 1e12 + KERNEL
+
+
+def test_all_reduce_of_a_partial_matmul_on_two_nvlink_devices(unit):
+    model = _model(lambda x, w: x @ w, [(256, 512), (512, 256)], "model=2")
+    state = _shard(model, model.initial(), 0, 1, "model")  # the contracting dim
+    costs = CostModel(model, unit)
+    cost = costs.evaluate(state)
+    assert [(c.kind, c.axes, c.bytes_in) for c in cost.collectives] == [("all-reduce", ("model",), 256 * 256 * 4)]
+    # Ring all-reduce over n=2: 2 * ((n-1) * 1e-6 + (n-1)/n * 262144 B / 1e11 B/s) = 4.62144e-6 s.
+    assert costs.collective_time(cost.collectives[0]) == pytest.approx(4.62144e-6)
+    # Each device multiplies [256,256]x[256,256] (3.3554432e-5 s + 1 us); the result is only needed at the
+    # end, so the all-reduce runs after it, exposed.
+    assert cost.step_time_s == pytest.approx(3.3554432e-5 + KERNEL + 4.62144e-6 + STEP)
+    assert cost.breakdown["exposed_communication_s"] == pytest.approx(4.62144e-6)
+    assert cost.breakdown["hidden_communication_s"] == pytest.approx(0.0)
+
+
+def test_two_independent_matmuls_cost_their_sum(unit):
+    model = _model(lambda a, b, c, d: (a @ b, c @ d), [(256, 512), (512, 256), (128, 1024), (1024, 512)])
+    cost = CostModel(model, unit).evaluate(model.initial())
+    first, second = 6.7108864e-5 + KERNEL, 1.34217728e-4 + KERNEL  # 2*256*512*256 and 2*128*1024*512 FLOPs
+    assert (first, second) == pytest.approx((matmul_seconds(256, 512, 256), matmul_seconds(128, 1024, 512)))
+    assert cost.step_time_s == pytest.approx(first + second + STEP)
+    assert cost.kernels == 2
+    assert cost.breakdown["compute_bound_s"] == pytest.approx(6.7108864e-5 + 1.34217728e-4)
+    assert cost.breakdown["launch_overhead_s"] == pytest.approx(2 * KERNEL + STEP)
+
+
+@pytest.mark.parametrize("independent, overlapped", [
+    # A small independent matmul (64^3: 5.24288e-7 s + 1 us) ends before the all-reduce (4.62144e-6 s):
+    # the step waits for the all-reduce, max(matmul, all-reduce) after the first matmul.
+    ((64, 64, 64), 4.62144e-6),
+    # A large one (256x512x256: 6.7108864e-5 s + 1 us) hides the whole all-reduce.
+    ((256, 512, 256), 6.7108864e-5 + KERNEL),
+])
+def test_a_collective_hides_behind_an_independent_matmul(unit, independent, overlapped):
+    m, k, n = independent
+
+    def fn(x, w, a, b):
+        return x @ w, a @ b
+
+    model = _model(fn, [(256, 512), (512, 256), (m, k), (k, n)], "model=2")
+    state = _shard(model, model.initial(), 0, 1, "model")
+    first = 3.3554432e-5 + KERNEL  # [256,256]x[256,256] per device
+    second = matmul_seconds(m, k, n)
+    all_reduce = 4.62144e-6
+    on = CostModel(model, unit).evaluate(state)
+    off = CostModel(model, unit, overlap=False).evaluate(state)
+    assert [c.kind for c in on.collectives] == ["all-reduce"]
+    assert on.step_time_s == pytest.approx(first + max(second, all_reduce) + STEP)
+    assert on.step_time_s == pytest.approx(first + overlapped + STEP)
+    assert off.step_time_s == pytest.approx(first + second + all_reduce + STEP)
+    assert on.breakdown["hidden_communication_s"] == pytest.approx(min(second, all_reduce))
+
+
+def test_a_fused_elementwise_chain_costs_one_kernels_bytes(unit):
+    model = _model(lambda x: jnp.tanh(x * 2.0 + 1.0) - x, [(1024, 1024)])
+    costs = CostModel(model, unit)
+    cost = costs.evaluate(model.initial())
+    assert kernel_counts(costs.plan) == {"fusion": 1}
+    # One kernel reads x and writes the result: 2 * 4 MiB at 1e12 B/s; the multiply, add, tanh and the
+    # broadcast constants never reach memory.
+    assert cost.step_time_s == pytest.approx(2 * 4 * 1024 * 1024 / 1e12 + KERNEL + STEP)
+    assert cost.breakdown["memory_bound_s"] == pytest.approx(8.388608e-6)
+    assert cost.peak_bytes == 2 * 4 * 1024 * 1024  # the argument and the result, nothing in between
+
+
+def test_a_reduction_takes_its_elementwise_producers(unit):
+    model = _model(lambda x: jnp.sum(jnp.exp(x) * 3.0, axis=1), [(1024, 1024)])
+    costs = CostModel(model, unit)
+    cost = costs.evaluate(model.initial())
+    assert kernel_counts(costs.plan) == {"reduction": 1}
+    assert cost.step_time_s == pytest.approx((4 * 1024 * 1024 + 4 * 1024) / 1e12 + KERNEL + STEP)
+
+
+def test_donated_parameters_share_the_new_parameters_buffers(unit):
+    model = _model(lambda p, g: p - 0.1 * g, [(1024, 1024), (1024, 1024)])
+    size = 4 * 1024 * 1024
+    assert CostModel(model, unit).evaluate(model.initial()).peak_bytes == 3 * size  # p, g and the new p
+    assert CostModel(model, unit, donate=[0]).evaluate(model.initial()).peak_bytes == 2 * size
+
+
+def test_loop_bodies_run_once_per_iteration(unit):
+    def fn(x):
+        return jax.lax.fori_loop(0, 10, lambda i, v: jnp.tanh(v) * 2.0, x)
+
+    model = _model(fn, [(1024, 1024)])
+    plan = KernelPlan(model.analysis.program)
+    (loop,) = plan.loops.values()
+    assert (loop.trip_count, loop.trip_count_known) == (10, True)
+    body = [k for k in plan.kernels if k.loop == loop.op]
+    assert body and all(k.repeats == 10 for k in body)
+    assert kernel_counts(plan)["fusion"] >= 10
+    cost = CostModel(model, unit).evaluate(model.initial())
+    # At least the body's ten passes over the 4 MiB carry (read and write).
+    assert cost.step_time_s > 10 * (2 * 4 * 1024 * 1024 / 1e12 + KERNEL)
+    # The carry is one buffer, not one per iteration: argument, loop carry and result.
+    assert cost.peak_bytes <= 3 * 4 * 1024 * 1024 + 64
+
+
+# ---- toast cost ------------------------------------------------------------------------------------------
+
+
+def test_cost_command_prints_the_breakdown_and_the_largest_buffers(tmp_path, capsys):
+    from toast.cli import main
+
+    out = tmp_path / "cost.json"
+    assert main(["cost", "toast.examples.mlp:mlp", "--engine", "embedded", "--hardware", "h100",
+                 "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "unsharded on mesh device=1 (h100)" in text
+    for row in ("compute-bound kernels", "memory-bound kernels", "launch overhead", "exposed communication",
+                "hidden communication"):
+        assert row in text
+    document = json.loads(out.read_text())
+    assert {"step_time_s", "peak_bytes", "breakdown", "kernels", "collectives"} <= set(document)
+    assert document["collectives"] == 0 and document["kernels"] == 3  # two matmuls and the fused relu
+    # At the peak (the relu kernel) live: x [256,32], w1 [32,64], w2 [64,16], the result [256,16] and the
+    # matmul's and relu's outputs [256,64], all f32; largest first.
+    assert [b["bytes"] for b in document["live_at_peak"]] == [65536, 65536, 32768, 16384, 8192]
+    assert document["live_at_peak"][2]["value"] == "x"
+    assert document["peak_bytes"] == 65536 * 2 + 32768 + 16384 + 8192 + 4096
+
+
+def test_cost_command_reads_a_strategy_file_and_its_donation(tmp_path, capsys):
+    from toast.cli import main
+
+    strategy = tmp_path / "s.json"
+    assert main(["shard", "toast.examples.mlp:mlp", "--engine", "embedded", "--mesh", "batch=4,model=2",
+                 "--strategy", "megatron", "--hardware", "h100", "--donate", "-o", str(strategy)]) == 0
+    shard_text = capsys.readouterr().out
+    assert "exposed communication" in shard_text
+    recorded = json.loads(strategy.read_text())
+    assert recorded["donate"] == [0, 1, 2]
+    out = tmp_path / "cost.json"
+    assert main(["cost", "toast.examples.mlp:mlp", "--engine", "embedded", "--hardware", "h100",
+                 "--strategy", str(strategy), "--json", str(out)]) == 0
+    document = json.loads(out.read_text())
+    assert document["donate"] == [0, 1, 2] and document["collectives"] == 1
+    assert document["step_time_s"] == pytest.approx(recorded["cost"]["step_time_s"])
+    assert document["peak_bytes"] == recorded["cost"]["peak_bytes"]
+
+
+def test_cost_command_names_a_missing_profile_field(tmp_path, capsys):
+    from toast.cli import main
+
+    profile = tmp_path / "partial.toml"
+    profile.write_text(UNIT.replace("kernel_overhead = 1e-6\n", ""))
+    assert main(["cost", "toast.examples.mlp:mlp", "--engine", "embedded", "--hardware", str(profile)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "field 'kernels.kernel_overhead'" in err[0]
