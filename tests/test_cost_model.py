@@ -160,7 +160,7 @@ def test_loop_bodies_run_once_per_iteration(unit):
         return jax.lax.fori_loop(0, 10, lambda i, v: jnp.tanh(v) * 2.0, x)
 
     model = _model(fn, [(1024, 1024)])
-    plan = KernelPlan(model.analysis.program)
+    plan = KernelPlan(model.analysis.program, elementwise_ops=model.analysis.elementwise_ops)
     (loop,) = plan.loops.values()
     assert (loop.trip_count, loop.trip_count_known) == (10, True)
     body = [k for k in plan.kernels if k.loop == loop.op]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +137,13 @@ class Analysis:
       invalid: rows of the ``invalid_*`` invariants of both stages (empty when the rules are sound).
       stats: counts and seconds per phase.
       pins: shardings the program asks for on its values (``Pin``), in program order.
+      summed_dims: ``(op, operand index, dim)`` of every operand dim an op sums over (contracting
+        dims of dot_general and convolution, reduced dims of reduce; rules' ``summed_dim``): split
+        along an axis, the op's result is a partial sum over it.
+      flop_names: ``op id -> names`` (sorted) whose sizes multiply into the op's FLOPs, 2 x their
+        product (rules' ``flop_name``: a contraction's result 0 dims and its loop dims' use names);
+        an op without any such name (a dot of two scalars) is absent.
+      elementwise_ops: ids of the ops of an elementwise kind (rules' ``elementwise_op``).
     """
 
     program: Program
@@ -152,6 +159,9 @@ class Analysis:
     invalid: tuple[tuple, ...]
     stats: dict[str, Any]
     pins: tuple[Pin, ...] = ()
+    summed_dims: frozenset[tuple[int, int, int]] = frozenset()
+    flop_names: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    elementwise_ops: frozenset[int] = frozenset()
 
     def dim_name(self, value: str, dim: int) -> int:
         """The dimension name of ``value``'s definition dim ``dim`` (JSON naming)."""
@@ -317,7 +327,18 @@ def _build(program: Program, names: DimensionNames, outputs: dict[str, list[tupl
         invalid=invalid,
         stats=stats,
         pins=program_pins(program),
+        summed_dims=frozenset((int(op), int(index), int(dim)) for op, index, dim in outputs["summed_dim"]),
+        flop_names=_flop_names(outputs["flop_name"]),
+        elementwise_ops=frozenset(int(op) for (op,) in outputs["elementwise_op"]),
     )
+
+
+def _flop_names(rows: list[tuple]) -> dict[int, tuple[int, ...]]:
+    """``op -> sorted names`` from the ``flop_name`` rows (one pass, then one sort per op)."""
+    grouped: dict[int, list[int]] = {}
+    for op, name in rows:
+        grouped.setdefault(int(op), []).append(int(name))
+    return {op: tuple(sorted(names)) for op, names in grouped.items()}
 
 
 def program_pins(program: Program) -> tuple[Pin, ...]:

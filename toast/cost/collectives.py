@@ -90,7 +90,9 @@ class CommunicationModel:
         self.use_def = np.empty(use_count, dtype=np.int64)
         splittable = np.zeros(use_count, dtype=bool)
         reducing = np.zeros(use_count, dtype=bool)
-        reduced_dims = {op.id: _reduced_dims(op) for op in program.ops}
+        reduced_dims: dict[int, set[tuple[int, int]]] = {op.id: set() for op in program.ops}
+        for op_id, operand, dim in analysis.summed_dims:  # the rules' summed_dim (partial sums)
+            reduced_dims[op_id].add((operand, dim))
         terminators = {op.id for op in program.ops if op.kind in TERMINATORS}
         for offset, (op_id, operand, dim) in enumerate(names.uses):
             value_id = program.ops[op_id].operands[operand]
@@ -112,6 +114,9 @@ class CommunicationModel:
             self.uses_of_value.setdefault(value_id, []).append((op_id, first, rank))
         self.use_site_starts = np.asarray([s[3] - defs for s in self.use_sites], dtype=np.int64)
         self.element_bits = np.asarray([storage_bits(v) for v in program.values], dtype=np.int64)
+        self._axes_of_mask = [model.mesh.mask_axes(mask) for mask in range(256)]
+        self._keep_bytes = self.keep_mask.tobytes()
+        self._defs = defs
         self._value_starts = np.asarray([names.def_base[v.id] for v in program.values if v.shape], dtype=np.int64)
         self._ranked_values = np.asarray([v.id for v in program.values if v.shape], dtype=np.int64)
 
@@ -131,8 +136,9 @@ class CommunicationModel:
         program, names = analysis.program, analysis.names
         defs = len(names.defs)
         masks = state.masks
+        mask_bytes = masks.tobytes()
         devices = model.devices_of_mask
-        axes_of = model.mesh.mask_axes
+        axes_of = self._axes_of_mask.__getitem__
         value_bytes = (self.value_bytes(state) if value_bytes is None else value_bytes).copy()
         found: list[Collective] = []
         # Partial results of reductions, resolved at the producer.
@@ -142,7 +148,7 @@ class CommunicationModel:
             axes_mask = partial_by_op[op_id]
             for value_id in program.ops[op_id].results:
                 size = int(value_bytes[value_id])
-                wanted = self.scatter_dim(state, value_id, axes_mask)
+                wanted = self.scatter_dim(state, value_id, axes_mask, mask_bytes)
                 if wanted is None:
                     # Over several axes, one all-reduce per axis, minor first (as XLA's module has it).
                     for axis in reversed(axes_of(axes_mask)):
@@ -214,9 +220,9 @@ class CommunicationModel:
         """``op id -> axes mask`` of the ops whose results are partial sums over those axes."""
         partial_by_op: dict[int, int] = {}
         reducing_masks = state.masks[self.reducing_names]
-        for index in np.flatnonzero(reducing_masks).tolist():
-            op_id = int(self.reducing_ops[index])
-            partial_by_op[op_id] = partial_by_op.get(op_id, 0) | int(reducing_masks[index])
+        hits = np.flatnonzero(reducing_masks)
+        for op_id, mask in zip(self.reducing_ops[hits].tolist(), reducing_masks[hits].tolist(), strict=True):
+            partial_by_op[op_id] = partial_by_op.get(op_id, 0) | mask
         return partial_by_op
 
     def definition_axes(self, state: ShardingState) -> dict[int, tuple[tuple[str, ...], ...]]:
@@ -235,35 +241,16 @@ class CommunicationModel:
                 found[value_id] = tuple(model.mesh.mask_axes(m) for m in masks)
         return found
 
-    def scatter_dim(self, state: ShardingState, value_id: int, axes_mask: int) -> int | None:
-        """The dim the first use that shards the value along ``axes_mask`` wants it split on."""
+    def scatter_dim(self, state: ShardingState, value_id: int, axes_mask: int, masks: bytes | None = None,
+                    ) -> int | None:
+        """The dim the first use that shards the value along ``axes_mask`` wants it split on (``masks``:
+        ``state.masks.tobytes()``, when the caller has it)."""
+        if masks is None:
+            masks = state.masks.tobytes()
+        keep = self._keep_bytes
+        defs = self._defs
         for _, first, rank in self.uses_of_value.get(value_id, ()):
             for dim in range(rank):
-                defs = len(self.model.analysis.names.defs)
-                mask = int(state.masks[first + dim]) & int(self.keep_mask[first + dim - defs])
-                if mask & axes_mask == axes_mask:
+                if masks[first + dim] & keep[first + dim - defs] & axes_mask == axes_mask:
                     return dim
         return None
-
-
-def _reduced_dims(op) -> set[tuple[int, int]]:
-    """``(operand, dim)`` pairs an op reduces over (its result is a partial sum when split)."""
-    kind = op.kind.removeprefix("stablehlo.")
-    if kind == "dot_general":
-        numbers = op.attr("dot_dimension_numbers", {}) or {}
-        return ({(0, d) for d in numbers.get("lhs_contracting_dimensions", ())}
-                | {(1, d) for d in numbers.get("rhs_contracting_dimensions", ())})
-    if kind == "convolution":
-        numbers = op.attr("dimension_numbers", {}) or {}
-        if op.attr("feature_group_count", 1) != 1 or op.attr("batch_group_count", 1) != 1:
-            return set()
-        found = set()
-        if "input_feature_dimension" in numbers:
-            found.add((0, numbers["input_feature_dimension"]))
-        if "kernel_input_feature_dimension" in numbers:
-            found.add((1, numbers["kernel_input_feature_dimension"]))
-        return found
-    if kind == "reduce":
-        inputs = len(op.operands) // 2
-        return {(k, d) for k in range(inputs) for d in op.attr("dimensions", ())}
-    return set()

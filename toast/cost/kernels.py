@@ -61,6 +61,15 @@ REDUCTION_OPS = frozenset({"stablehlo.reduce", "stablehlo.reduce_window", "stabl
 SCATTER_OPS = frozenset({"stablehlo.scatter"})
 # Recomputed by each consumer kernel instead of stored.
 CHEAP_OPS = frozenset({"stablehlo.broadcast_in_dim", "stablehlo.broadcast", "stablehlo.iota", "stablehlo.constant"})
+# Data movement XLA fuses like elementwise ops (loop fusion); the elementwise ops themselves are the rules'
+# table (``Analysis.elementwise_ops``, rules/ops/elementwise.dl). An op in neither, nor in a table above, is
+# a kernel of its own priced by its bytes.
+DATA_MOVEMENT_OPS = frozenset({
+    "stablehlo.transpose", "stablehlo.slice", "stablehlo.dynamic_slice", "stablehlo.dynamic_update_slice",
+    "stablehlo.concatenate", "stablehlo.pad", "stablehlo.reverse", "stablehlo.gather", "stablehlo.map",
+    "stablehlo.real_dynamic_slice", "stablehlo.dynamic_pad", "stablehlo.dynamic_gather",
+    "stablehlo.dynamic_broadcast_in_dim", "stablehlo.dynamic_iota", "stablehlo.dynamic_reshape",
+})
 # Ops that read only what they return from operand 0.
 TOUCHING_OPS = frozenset({"stablehlo.gather", "stablehlo.slice", "stablehlo.dynamic_slice"})
 
@@ -101,6 +110,11 @@ class Loop:
 class KernelPlan:
     """The kernels, buffers and loops of one program (built once, linear in its size).
 
+    Args:
+      program: the program.
+      elementwise_ops: the ids of its elementwise ops (``Analysis.elementwise_ops``, from the rules); they and
+        the data-movement ops fuse.
+
     Attributes:
       program: the program.
       root: ``int64[values]``, the value whose buffer each value is (itself unless a view).
@@ -118,7 +132,7 @@ class KernelPlan:
       program_buffers: ``bool`` per buffer: an argument or a result (XLA's argument and output allocations).
     """
 
-    def __init__(self, program: Program):
+    def __init__(self, program: Program, *, elementwise_ops: frozenset[int] = frozenset()):
         self.program = program
         ops = program.ops
         producer = program.producer
@@ -181,7 +195,7 @@ class KernelPlan:
             holder = ops[op.parent[0]].kind if op.parent is not None else ""
             in_computation = op.parent is not None and (
                 category[op.parent[0]] == "computation" or holder not in INLINE_OPS | LOOP_OPS | BRANCH_OPS)
-            category.append("computation" if in_computation else _category(op))
+            category.append("computation" if in_computation else _category(op, op.id in elementwise_ops))
         # Users of each buffer (through views), by op: the real readers.
         users: list[list[int]] = [[] for _ in range(value_count)]
         escapes = np.zeros(value_count, dtype=bool)  # read by a terminator, a loop, a branch or a library call
@@ -441,7 +455,7 @@ def _is_view(op) -> bool:
     return op.kind == "stablehlo.custom_call" and op.attr("call_target_name", "") in VIEW_CUSTOM_CALLS
 
 
-def _category(op) -> str:
+def _category(op, elementwise: bool) -> str:
     kind = op.kind
     if kind in TERMINATORS:
         return "terminator"
@@ -461,7 +475,9 @@ def _category(op) -> str:
         return "scatter"
     if kind in CHEAP_OPS:
         return "cheap"
-    return "fusible"
+    if elementwise or kind in DATA_MOVEMENT_OPS:
+        return "fusible"
+    return "library"
 
 
 def _trip_count(program: Program, loop) -> int | None:

@@ -110,8 +110,8 @@ class CostModel:
         self.levels: dict[str, InterconnectLevel] = axis_levels(list(model.mesh.axes), hardware)
         self._rings: dict[tuple[str, ...], tuple[int, float, float]] = {}
         analysis = model.analysis
-        program, names = analysis.program, analysis.names
-        self.plan = plan = KernelPlan(program)
+        program = analysis.program
+        self.plan = plan = KernelPlan(program, elementwise_ops=analysis.elementwise_ops)
         self.donate = tuple(sorted(set(donate)))
         for index in self.donate:
             if not 0 <= index < len(program.arguments):
@@ -123,35 +123,25 @@ class CostModel:
         is_library = np.asarray([k.kind in ("matmul", "library") for k in plan.kernels], dtype=bool)
         self.overhead = np.where(is_library, hardware.matmul_overhead, hardware.kernel_overhead)
         self.bandwidth = hardware.hbm_bandwidth * hardware.hbm_efficiency
-        # Matmul-like ops: the names whose local sizes multiply into the FLOPs.
+        # The names whose local sizes multiply into each op's FLOPs: the rules' flop_name (contractions,
+        # and any op a user's rules declare one), priced at the peak of the op's first operand's type.
         flop_names: list[int] = []
         starts: list[int] = []
         peaks: list[float] = []
         matmul_kernels: list[int] = []
-        for op in program.ops:
-            kind = op.kind.removeprefix("stablehlo.")
-            if kind not in ("dot_general", "convolution") or not op.results:
+        for op_id, members in sorted(analysis.flop_names.items()):
+            op = program.ops[op_id]
+            kernel_index = int(plan.kernel_of_op[op_id])
+            if kernel_index < 0 or not op.operands:
                 continue
-            result = op.results[0]
-            base = names.def_base[result]
-            members = list(range(base, base + len(program.values[result].shape)))
-            rhs_shape = program.values[op.operands[1]].shape
-            if kind == "dot_general":
-                numbers = op.attr("dot_dimension_numbers", {}) or {}
-                members += [names.use_name(op.id, 0, d) for d in numbers.get("lhs_contracting_dimensions", ())]
-            else:
-                numbers = op.attr("dimension_numbers", {}) or {}
-                out_feature = numbers.get("kernel_output_feature_dimension", len(rhs_shape) - 1)
-                members += [names.use_name(op.id, 1, d) for d in range(len(rhs_shape)) if d != out_feature]
             starts.append(len(flop_names))
             flop_names.extend(members)
             peaks.append(hardware.matmul_flops(program.values[op.operands[0]].dtype))
-            matmul_kernels.append(int(plan.kernel_of_op[op.id]))
+            matmul_kernels.append(kernel_index)
         self.flop_names = np.asarray(flop_names, dtype=np.int64)
         self.flop_starts = np.asarray(starts, dtype=np.int64)
         self.flop_peaks = np.asarray(peaks, dtype=np.float64)
         self.matmul_kernels = np.asarray(matmul_kernels, dtype=np.int64)
-        self.matmul_ops = [op.id for op in program.ops if op.kind in ("stablehlo.dot_general", "stablehlo.convolution")]
         # Scatter-add rate per update element, by element width.
         scatter_kernels, scatter_values = plan.scatter_updates
         self.scatter_kernels = scatter_kernels
@@ -196,6 +186,9 @@ class CostModel:
                 if item > self._producer_item(r):
                     first_reader[r] = min(first_reader[r], item)
         self.first_reader = first_reader
+        # The same as Python lists, for the per-collective loop of ``_absolute``.
+        self._static_lists = (self.item_of_op.tolist(), self.op_in_loop.tolist(), self.op_repeats.tolist(),
+                              plan.root.tolist(), first_reader.tolist())
         # Peak memory: buffer positions shifted by one (arguments at -1).
         self.buffer_born = plan.buffer_born + 1
         self.buffer_dies = plan.buffer_dies + 2
@@ -287,25 +280,28 @@ class CostModel:
         timed: list[tuple[int, int, float]] = []  # (consumer item, ready item, seconds) on the comm stream
         in_loops = 0.0
         seconds_of = self._collective_seconds
-        item_of_op, op_in_loop, op_repeats = self.item_of_op, self.op_in_loop, self.op_repeats
-        root_of, first_reader, producer = self.plan.root, self.first_reader, self.model.analysis.program.producer
+        item_of_op, op_in_loop, op_repeats, root_of, first_reader = self._static_lists
+        producer = self.model.analysis.program.producer
+        by_axes: dict[tuple[str, ...], float] = {}
         for collective in collectives:
             op = collective.op
-            duration = seconds_of(collective.kind, collective.axes, collective.bytes_in, collective.bytes_out)
-            key = "+".join(collective.axes)
-            repeated = duration * float(op_repeats[op])
-            communication[key] = communication.get(key, 0.0) + repeated
+            axes = collective.axes
+            duration = seconds_of(collective.kind, axes, collective.bytes_in, collective.bytes_out)
+            repeated = duration * op_repeats[op]
+            by_axes[axes] = by_axes.get(axes, 0.0) + repeated
             if op_in_loop[op]:
                 item_time[item_of_op[op]] += repeated
                 in_loops += repeated
                 continue
-            root = int(root_of[collective.value])
+            root = root_of[collective.value]
             if collective.operand >= 0:  # a use: ready when the value is, needed by the op using it
                 made_by = producer[root]
-                ready, consumer = (int(item_of_op[made_by]) if made_by >= 0 else -1), int(item_of_op[op])
+                ready, consumer = (item_of_op[made_by] if made_by >= 0 else -1), item_of_op[op]
             else:  # a partial result: ready after its producer, needed by its first reader
-                ready, consumer = int(item_of_op[op]), int(first_reader[root])
+                ready, consumer = item_of_op[op], first_reader[root]
             timed.append((consumer, ready, duration))
+        for axes, axis_seconds in by_axes.items():
+            communication["+".join(axes)] = axis_seconds
         compute_busy = float(item_time.sum()) + self.hardware.step_overhead
         total_comm = sum(d for _, _, d in timed)
         if not self.overlap:
@@ -330,8 +326,8 @@ class CostModel:
     def _makespan(item_time: np.ndarray, timed: list[tuple[int, int, float]]) -> float:
         """Both streams' makespan: items back to back on the compute stream, each collective on the
         communication stream from max(its operand ready, stream free), its consumer waiting for it."""
-        starts = np.concatenate(([0.0], np.cumsum(item_time)))
-        total = float(starts[-1])
+        starts: list[float] = np.concatenate(([0.0], np.cumsum(item_time))).tolist()
+        total = starts[-1]
         if not timed:
             return total
         delay_at: list[int] = []  # items where the compute stream waited, ascending
@@ -341,11 +337,11 @@ class CostModel:
         for consumer, ready, duration in sorted(timed):
             if ready >= 0:
                 index = bisect.bisect_right(delay_at, ready) - 1
-                ready_time = float(starts[ready + 1]) + (delay_sum[index] if index >= 0 else 0.0)
+                ready_time = starts[ready + 1] + (delay_sum[index] if index >= 0 else 0.0)
             else:
                 ready_time = 0.0
             comm_free = max(comm_free, ready_time) + duration
-            consumer_start = float(starts[min(consumer, len(item_time))]) + delay
+            consumer_start = starts[min(consumer, len(item_time))] + delay
             if ready >= consumer:  # made and needed by the same item (a loop): no overlap
                 consumer_start = max(consumer_start, comm_free)
             if comm_free > consumer_start:

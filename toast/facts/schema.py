@@ -101,6 +101,9 @@ INPUTS: tuple[Relation, ...] = (
     _rel("conv_out_feature", "Op:number, RhsDim:number, OutDim:number",
          "convolution Op: kernel output-feature dim RhsDim becomes result feature dim OutDim "
          "(batch_group_count = 1 and feature_group_count = 1)."),
+    _rel("conv_kernel_out_feature", "Op:number, RhsDim:number",
+         "convolution Op's kernel (operand 1) has its output-feature dim at RhsDim (whatever the group "
+         "counts): every other kernel dim is a loop of the convolution's multiply-adds."),
     _rel("conv_spatial", "Op:number, LhsDim:number, RhsDim:number, OutDim:number",
          "convolution Op slides kernel spatial dim RhsDim over lhs spatial dim LhsDim, giving "
          "result spatial dim OutDim."),
@@ -135,6 +138,15 @@ OUTPUTS: tuple[Relation, ...] = (
     _rel("unruled_op", "Op:number, Kind:symbol",
          "Op, of kind Kind, has no rule (a custom_call is ruled per call target): it contributes no "
          "identities, which is safe, and is reported."),
+    _rel("summed_dim", "Op:number, Index:number, Dim:number",
+         "Op sums over dim Dim of its operand Index (a contracting dim of a dot_general or convolution, "
+         "a reduced dim of a reduce): split along an axis, the result is a partial sum over that axis "
+         "(an all-reduce or reduce-scatter)."),
+    _rel("flop_name", "Op:number, Name:number",
+         "Dimension name Name (of Op's result 0 or of a use of Op) multiplies into Op's FLOPs: "
+         "2 x the product of the (local) sizes of Op's names; derived for contractions (rules/ops/contraction.dl)."),
+    _rel("elementwise_op", "Op:number",
+         "Op is of an elementwise kind (elementwise_kind in rules/ops/elementwise.dl)."),
     _rel("invalid_ident_size", "A:number, B:number, File:symbol, Line:number",
          "Invariant (must be empty): the rule at File:Line identified names of different sizes "
          "without recording a reshape factor."),

@@ -142,6 +142,7 @@ def _convolution(op: Op) -> Iterator[tuple[str, tuple]]:
     if feature_groups == 1 and batch_groups == 1:
         yield "conv_out_feature", (op.id, numbers["kernel_output_feature_dimension"],
                                    numbers["output_feature_dimension"])
+    yield "conv_kernel_out_feature", (op.id, numbers["kernel_output_feature_dimension"])
     for lhs, rhs, out in zip(numbers["input_spatial_dimensions"], numbers["kernel_spatial_dimensions"],
                              numbers["output_spatial_dimensions"], strict=True):
         yield "conv_spatial", (op.id, lhs, rhs, out)

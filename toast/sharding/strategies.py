@@ -47,9 +47,6 @@ TWO_AXES = ("megatron", "sequence")
 DATA_AXIS_NAMES = ("batch", "data", "dp")
 MODEL_AXIS_NAMES = ("model", "tensor", "tp", "mp")
 SEQUENCE_AXIS_NAMES = ("sequence", "seq", "sp", "context", *MODEL_AXIS_NAMES)
-ELEMENTWISE_UPDATE = {"stablehlo.add", "stablehlo.subtract", "stablehlo.multiply", "stablehlo.divide",
-                      "stablehlo.negate", "stablehlo.sqrt", "stablehlo.rsqrt", "stablehlo.convert",
-                      "stablehlo.maximum", "stablehlo.minimum", "stablehlo.select"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +180,7 @@ def fsdp_actions(model: ShardingModel, axis: str, *, state: ShardingState) -> li
         for index, value_id in enumerate(op.operands):
             users.setdefault(value_id, []).append((op.id, index))
     returned = set(program.results)
+    elementwise = analysis.elementwise_ops  # the rules' elementwise table (rules/ops/elementwise.dl)
     actions = []
     for value_id in program.arguments:
         value = program.values[value_id]
@@ -206,12 +204,12 @@ def fsdp_actions(model: ShardingModel, axis: str, *, state: ShardingState) -> li
             if program.producer[current] >= 0:
                 nearby.append(program.ops[program.producer[current]])
             for op in nearby:
-                if op.kind not in ELEMENTWISE_UPDATE or len(op.results) != 1:
+                if op.id not in elementwise or len(op.results) != 1:
                     continue
                 for candidate in (op.results[0], *op.operands):
                     if program.values[candidate].shape == value.shape and candidate not in seen and (
                             candidate == op.results[0] or program.producer[candidate] >= 0
-                            and program.ops[program.producer[candidate]].kind in ELEMENTWISE_UPDATE):
+                            and program.producer[candidate] in elementwise):
                         seen.add(candidate)
                         frontier.append(candidate)
         if not seen & returned:
