@@ -116,6 +116,8 @@ class CommunicationModel:
         self.element_bits = np.asarray([storage_bits(v) for v in program.values], dtype=np.int64)
         self._axes_of_mask = [model.mesh.mask_axes(mask) for mask in range(256)]
         self._keep_bytes = self.keep_mask.tobytes()
+        self._devices_of_mask = model.devices_of_mask.tolist()
+        self._site_values = np.asarray([site[2] for site in self.use_sites], dtype=np.int64)
         self._defs = defs
         self._value_starts = np.asarray([names.def_base[v.id] for v in program.values if v.shape], dtype=np.int64)
         self._ranked_values = np.asarray([v.id for v in program.values if v.shape], dtype=np.int64)
@@ -171,19 +173,25 @@ class CommunicationModel:
         use_or = np.bitwise_or.reduceat(use_masks, starts)
         seen: dict[tuple[int, bytes], list[int]] = {}
         last_user: dict[tuple[int, bytes], int] = {}
-        for site in np.flatnonzero(moved).tolist():
-            op_id, operand, value_id, first, rank = self.use_sites[site]
+        hits = np.flatnonzero(moved)
+        use_mask_bytes = use_masks.tobytes()
+        devices_of = self._devices_of_mask
+        use_sites = self.use_sites
+        for site, site_moved, site_use_or, site_bytes in zip(
+                hits.tolist(), moved[hits].tolist(), use_or[hits].tolist(),
+                value_bytes[self._site_values[hits]].tolist(), strict=True):
+            op_id, operand, value_id, first, rank = use_sites[site]
             # One value resharded alike for several uses moves once (XLA's CSE merges the copies).
-            layout = (value_id, use_masks[first - defs:first - defs + rank].tobytes())
+            layout = (value_id, use_mask_bytes[first - defs:first - defs + rank])
             if layout in seen:
                 last_user[layout] = op_id
                 continue
             seen[layout] = []
-            in_bytes = int(value_bytes[value_id])
-            to_all = int(moved[site]) & int(use_or[site])
-            gathered = int(moved[site]) & ~to_all
+            in_bytes = site_bytes
+            to_all = site_moved & site_use_or
+            gathered = site_moved & ~to_all
             if gathered:
-                out_bytes = in_bytes * int(devices[gathered])
+                out_bytes = in_bytes * devices_of[gathered]
                 seen[layout].append(len(found))
                 found.append(Collective("all-gather", axes_of(gathered), value_id, op_id, operand, in_bytes, out_bytes,
                                         op_id))
