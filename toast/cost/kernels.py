@@ -202,6 +202,8 @@ class KernelPlan:
         for op in ops:
             if _is_view(op) or op.kind in INLINE_OPS or category[op.id] == "computation":
                 continue
+            if op.kind in TERMINATORS and op.parent is not None and ops[op.parent[0]].kind in INLINE_OPS:
+                continue  # a call's results are views of what its body returns: their readers read it
             for value_id in op.operands:
                 r = int(root[value_id])
                 users[r].append(op.id)
@@ -236,16 +238,28 @@ class KernelPlan:
             ):
                 fuses_into[op.id] = "recomputed"
             elif op.kind == "stablehlo.dynamic_slice" and readers and not escapes[int(root[op.results[0]])] and all(
-                    category[u] in ("matmul", "library") for u in readers):
-                fuses_into[op.id] = "recomputed"  # the library call reads the slice in place
-        # A dynamic_update_slice of a library call's only result: the call writes into the slice in place
-        # (XLA's dynamic-slice fusion), no kernel of its own.
+                    category[u] in ("fusible", "reduction", "scatter", "matmul", "library") and scope[u] == scope[op.id]
+                    for u in readers):
+                fuses_into[op.id] = "recomputed"  # every reader reads the slice where it lies
+        # A dynamic_update_slice of a value another kernel makes: that kernel also writes the update into the
+        # slice in place (XLA's dynamic-slice fusion for library calls, multi-output fusion for the others),
+        # no kernel of its own.
+        in_place_writes: list[tuple[int, int]] = []  # (producer op, dynamic_update_slice op)
         for op in ops:
             if op.kind == "stablehlo.dynamic_update_slice" and len(op.operands) > 1:
                 update = int(root[op.operands[1]])
                 p = producer[update]
-                if p >= 0 and category[p] in ("matmul", "library") and users[update] == [op.id]:
+                while p >= 0 and category[p] == "cheap" and not materialized_cheap[p] and len(ops[p].operands) == 1 \
+                        and len(users[update]) == 1:  # a broadcast adding the slice's unit dims: look through
+                    update = int(root[ops[p].operands[0]])
+                    p = producer[update]
+                if p < 0 or update not in ops[p].results or scope[p] != scope[op.id]:
+                    continue
+                if category[p] in ("matmul", "library") and users[update] == [op.id]:
+                    fuses_into[op.id] = "in_place"  # the call's result is written once, into the slice
+                elif fuses_into[p] in ("fusible", "reduction", "matmul", "library"):
                     fuses_into[op.id] = "in_place"
+                    in_place_writes.append((p, op.id))
         # Sibling (multi-output) fusion: reductions of one scope over the same shape and dims that read a
         # common buffer and do not depend on each other become one kernel (XLA's multi-output fusion, e.g.
         # the scale and bias gradients of a LayerNorm).
@@ -363,6 +377,10 @@ class KernelPlan:
                 if op.kind in SCATTER_OPS:
                     inputs = (len(op.operands) - 1) // 2
                     scatter_rows.extend((index, u) for u in op.operands[inputs + 1:])
+        for p, update_op in in_place_writes:
+            kernel = int(kernel_of_op[p])
+            if kernel >= 0:
+                write_rows[(kernel, int(root[ops[update_op].results[0]]))] = ops[update_op].operands[1]
         self.reads = _rows(read_rows)
         self.writes = _rows(write_rows)
         scatter = np.asarray(scatter_rows, dtype=np.int64).reshape(-1, 2)
