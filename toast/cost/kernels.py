@@ -377,10 +377,10 @@ class KernelPlan:
                 if op.kind in SCATTER_OPS:
                     inputs = (len(op.operands) - 1) // 2
                     scatter_rows.extend((index, u) for u in op.operands[inputs + 1:])
-        for p, update_op in in_place_writes:
-            kernel = int(kernel_of_op[p])
-            if kernel >= 0:
-                write_rows[(kernel, int(root[ops[update_op].results[0]]))] = ops[update_op].operands[1]
+        for maker, update_op in in_place_writes:
+            writer = int(kernel_of_op[maker])
+            if writer >= 0:
+                write_rows[(writer, int(root[ops[update_op].results[0]]))] = ops[update_op].operands[1]
         self.reads = _rows(read_rows)
         self.writes = _rows(write_rows)
         scatter = np.asarray(scatter_rows, dtype=np.int64).reshape(-1, 2)
