@@ -173,6 +173,9 @@ class KernelPlan:
             while source[r] != r:
                 r = source[r]
             root[value_id] = r
+            step = value_id
+            while source[step] != r:  # path compression: every chain is walked once
+                source[step], step = r, source[step]
         self.root = root
 
         # Scheduling scope of each op: the innermost loop or branch op holding it (inline regions are
