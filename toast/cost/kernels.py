@@ -29,7 +29,6 @@ device's compute stream runs them in.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -129,7 +128,6 @@ class KernelPlan:
       buffers: value ids that occupy memory (arguments, kernel outputs, loop carries), each once.
       buffer_born, buffer_dies: ``int64`` positions (kernel indices; ``-1`` before the first) between which
         each buffer is live; arguments and program results live for the whole step.
-      program_buffers: ``bool`` per buffer: an argument or a result (XLA's argument and output allocations).
     """
 
     def __init__(self, program: Program, *, elementwise_ops: frozenset[int] = frozenset()):
@@ -312,9 +310,6 @@ class KernelPlan:
                 if chosen not in bucket:
                     bucket.append(chosen)
 
-        def find(x: int) -> int:
-            return int(group[x])
-
         forms_kernel = np.zeros(len(ops), dtype=bool)
         for op in ops:
             cat = fuses_into[op.id]
@@ -323,7 +318,7 @@ class KernelPlan:
         members: dict[int, list[int]] = {}
         for op in ops:
             if forms_kernel[op.id]:
-                members.setdefault(find(op.id), []).append(op.id)
+                members.setdefault(int(group[op.id]), []).append(op.id)
         ordered = sorted(members.values(), key=lambda m: m[-1])
         kernel_of_op = np.full(len(ops), -1, dtype=np.int64)
         kernels: list[Kernel] = []
@@ -332,8 +327,8 @@ class KernelPlan:
             kinds = {category[o] for o in group_ops}
             kind = ("matmul" if "matmul" in kinds else "library" if "library" in kinds else "scatter"
                     if "scatter" in kinds else "reduction" if "reduction" in kinds else "fusion")
-            loop = self._enclosing_loop(group_ops[-1])
-            kernels.append(Kernel(kind, tuple(group_ops), loop, self._repeats(loop)))
+            loop = self.enclosing_loop(group_ops[-1])
+            kernels.append(Kernel(kind, tuple(group_ops), loop, self.repeats_in(loop)))
         self.kernels = tuple(kernels)
         self.kernel_of_op = kernel_of_op
 
@@ -390,20 +385,29 @@ class KernelPlan:
         self.scatter_updates = (scatter[:, 0], scatter[:, 1])
 
         # Buffers and live ranges in kernel positions.
-        self.buffers, self.buffer_born, self.buffer_dies, self.program_buffers = self._live_ranges(
+        self.buffers, self.buffer_born, self.buffer_dies = self._live_ranges(
             users, escapes, materialized_cheap, category)
 
-    def _enclosing_loop(self, op_id: int) -> int:
+    def enclosing_loop(self, op_id: int) -> int:
+        """The innermost ``stablehlo.while`` holding op ``op_id`` (op id), ``-1`` at top level."""
         s = self.scope[op_id]
         while s >= 0 and s not in self.loops:
             s = self.scope[s]
         return s
 
-    def _repeats(self, loop: int) -> int:
+    def outermost_loop(self, op_id: int) -> int:
+        """The top-level ``stablehlo.while`` holding op ``op_id`` (op id), ``-1`` at top level."""
+        outer = loop = self.enclosing_loop(op_id)
+        while loop >= 0:
+            outer, loop = loop, self.enclosing_loop(loop)
+        return outer
+
+    def repeats_in(self, loop: int) -> int:
+        """How many times one step runs the body of ``loop`` (the product of the trip counts around it)."""
         repeats = 1
         while loop >= 0:
             repeats *= self.loops[loop].trip_count
-            loop = self._enclosing_loop(loop)
+            loop = self.enclosing_loop(loop)
         return repeats
 
     def _live_ranges(self, users, escapes, materialized_cheap, category):
@@ -457,9 +461,8 @@ class KernelPlan:
                 born[r] = -1
                 dies[r] = last
         buffers = np.asarray(sorted(born), dtype=np.int64)
-        program_buffers = np.asarray([b in arguments or b in results for b in buffers.tolist()], dtype=bool)
         return (buffers, np.asarray([born[b] for b in buffers.tolist()], dtype=np.int64),
-                np.asarray([dies[b] for b in buffers.tolist()], dtype=np.int64), program_buffers)
+                np.asarray([dies[b] for b in buffers.tolist()], dtype=np.int64))
 
 
 def _rows(rows: dict[tuple[int, int], int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -563,10 +566,3 @@ def kernel_counts(plan: KernelPlan) -> dict[str, int]:
     for kernel in plan.kernels:
         counts[kernel.kind] = counts.get(kernel.kind, 0) + kernel.repeats
     return dict(sorted(counts.items()))
-
-
-def describe_kernels(plan: KernelPlan, kernels: Sequence[int]) -> list[str]:
-    """One line per kernel: its kind and ops (for debugging and reports)."""
-    ops = plan.program.ops
-    return [f"{plan.kernels[k].kind}: " + ", ".join(ops[o].kind.removeprefix("stablehlo.") for o in plan.kernels[k].ops)
-            for k in kernels]

@@ -41,6 +41,7 @@ import numpy as np
 from toast.cost.collectives import Collective, CommunicationModel
 from toast.cost.hardware import Hardware, InterconnectLevel, axis_levels
 from toast.cost.kernels import KernelPlan
+from toast.errors import ToastError
 from toast.sharding.state import ShardingModel, ShardingState
 
 BREAKDOWN_KEYS = ("compute_bound_s", "memory_bound_s", "launch_overhead_s", "exposed_communication_s",
@@ -115,8 +116,6 @@ class CostModel:
         self.donate = tuple(sorted(set(donate)))
         for index in self.donate:
             if not 0 <= index < len(program.arguments):
-                from toast.errors import ToastError
-
                 raise ToastError(f"donated argument {index}: the program has arguments 0..{len(program.arguments) - 1}")
         kernel_count = len(plan.kernels)
         self.repeats = np.asarray([k.repeats for k in plan.kernels], dtype=np.float64)
@@ -155,11 +154,7 @@ class CostModel:
         item_keys: list[tuple[str, int]] = []
         item_index: dict[tuple[str, int], int] = {}
         for k, kernel in enumerate(plan.kernels):
-            loop = kernel.loop
-            outer = loop
-            while loop >= 0:
-                outer = loop
-                loop = plan._enclosing_loop(loop)
+            outer = plan.outermost_loop(kernel.ops[-1])
             key = ("loop", outer) if outer >= 0 else ("kernel", k)
             if key not in item_index:
                 item_index[key] = len(item_keys)
@@ -171,12 +166,12 @@ class CostModel:
         last_ops = np.asarray([k.ops[-1] for k in plan.kernels], dtype=np.int64)
         next_kernel = np.searchsorted(last_ops, np.arange(len(ops)))
         kernel_of_op = plan.kernel_of_op
-        self.item_of_op = np.where(kernel_of_op >= 0, top_of_kernel[np.maximum(kernel_of_op, 0)],
-                                   np.where(next_kernel < kernel_count,
-                                            top_of_kernel[np.minimum(next_kernel, max(kernel_count - 1, 0))],
-                                            self.item_count)) if kernel_count else np.zeros(len(ops), dtype=np.int64)
-        self.op_in_loop = np.asarray([plan._enclosing_loop(op.id) >= 0 for op in ops], dtype=bool)
-        self.op_repeats = np.asarray([plan._repeats(plan._enclosing_loop(op.id)) for op in ops], dtype=np.float64)
+        after = top_of_kernel[np.minimum(next_kernel, kernel_count - 1)] if kernel_count else next_kernel
+        after = np.where(next_kernel < kernel_count, after, self.item_count)
+        self.item_of_op = np.where(kernel_of_op >= 0, top_of_kernel[np.maximum(kernel_of_op, 0)] if kernel_count
+                                   else -1, after)
+        self.op_in_loop = np.asarray([plan.enclosing_loop(op.id) >= 0 for op in ops], dtype=bool)
+        self.op_repeats = np.asarray([plan.repeats_in(plan.enclosing_loop(op.id)) for op in ops], dtype=np.float64)
         # The item that first reads each buffer (partial results wait there for their all-reduce).
         first_reader = np.full(len(program.values), self.item_count, dtype=np.int64)
         for op in ops:
@@ -319,7 +314,7 @@ class CostModel:
             "exposed_communication_s": exposed + in_loops,
             "hidden_communication_s": max(0.0, total_comm - exposed) if total_comm - exposed > 1e-12 * step else 0.0,
         }
-        peak = self._peak_memory(state, collectives, value_bytes)
+        peak = self._peak_memory(collectives, value_bytes)
         return step, compute_busy - in_loops, breakdown, communication, peak, collectives
 
     @staticmethod
@@ -352,11 +347,11 @@ class CostModel:
 
     def live_at_peak(self, state: ShardingState, *, top: int = 5) -> list[LiveBuffer]:
         """The ``top`` largest buffers live when the peak is reached (largest first)."""
-        sizes, born, dies = self._buffers(state)
-        delta = np.zeros(len(self.plan.kernels) + 3, dtype=np.int64)
-        np.add.at(delta, born, sizes)
-        np.add.at(delta, dies, -sizes)
+        value_bytes = self.communication.value_bytes(state)
+        sizes = value_bytes[self.plan.buffers]
+        delta = self._live_delta(sizes, self.communication.collectives(state, value_bytes))
         at = int(np.argmax(np.cumsum(delta)))
+        born, dies = self.buffer_born, self.buffer_dies
         live = np.flatnonzero((born <= at) & (dies > at))
         order = live[np.argsort(-sizes[live], kind="stable")][:top]
         program = self.model.analysis.program
@@ -366,26 +361,23 @@ class CostModel:
             found.append(LiveBuffer(value.id, value.name, value.shape, value.dtype, int(sizes[index]), value.loc))
         return found
 
-    def _buffers(self, state: ShardingState, value_bytes: np.ndarray | None = None,
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        if value_bytes is None:
-            value_bytes = self.communication.value_bytes(state)
-        return value_bytes[self.plan.buffers], self.buffer_born, self.buffer_dies
-
-    def _peak_memory(self, state: ShardingState, collectives: list[Collective], value_bytes: np.ndarray) -> int:
-        sizes, born, dies = self._buffers(state, value_bytes)
+    def _live_delta(self, sizes: np.ndarray, collectives: list[Collective]) -> np.ndarray:
+        """Bytes allocated (+) and freed (-) at each position (kernel index + 1; 0 before the first): every
+        buffer over its live range, and every value resharded for its uses (gathered parameters, Figure 5b's
+        k) as a second copy from its first such use to its last."""
         delta = np.zeros(len(self.plan.kernels) + 3, dtype=np.int64)
-        np.add.at(delta, born, sizes)
-        np.add.at(delta, dies, -sizes)
-        # A value resharded for its uses (gathered parameters, Figure 5b's k) is a second copy that lives
-        # from its first such use to its last.
+        np.add.at(delta, self.buffer_born, sizes)
+        np.add.at(delta, self.buffer_dies, -sizes)
         for collective in collectives:
             if collective.operand >= 0:
                 first = int(self.kernel_position_of_op[collective.op]) + 1
                 last = int(self.kernel_position_of_op[max(collective.last_op, collective.op)]) + 2
                 delta[first] += collective.bytes_out
                 delta[last] -= collective.bytes_out
-        peak = int(np.cumsum(delta).max()) if len(delta) else 0
+        return delta
+
+    def _peak_memory(self, collectives: list[Collective], value_bytes: np.ndarray) -> int:
+        peak = int(np.cumsum(self._live_delta(value_bytes[self.plan.buffers], collectives)).max())
         if self.donate:
             peak -= self._donated_bytes(value_bytes)
         return peak
