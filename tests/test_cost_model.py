@@ -7,6 +7,8 @@ Every expected number below is worked out by hand from the profile ``UNIT`` (rou
 from __future__ import annotations
 
 import json
+import tempfile
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -48,11 +50,16 @@ STEP = 1e-5
 KERNEL = 1e-6
 
 
+def load_hardware_text(text):
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "unit.toml"
+        path.write_text(text)
+        return load_hardware(str(path))
+
+
 @pytest.fixture(scope="module")
-def unit(tmp_path_factory):
-    path = tmp_path_factory.mktemp("hw") / "unit.toml"
-    path.write_text(UNIT)
-    return load_hardware(str(path))
+def unit():
+    return load_hardware_text(UNIT)
 
 
 def _model(fn, shapes, mesh="d=1"):
@@ -172,6 +179,43 @@ def test_loop_bodies_run_once_per_iteration(unit):
     # The carry is one buffer, not one per iteration: argument, loop carry and result.
     assert cost.peak_bytes <= 3 * 4 * 1024 * 1024 + 64
 
+
+
+def _pool(h):
+    return jax.lax.reduce_window(h, -jnp.inf, jax.lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+
+
+def _pool_gradient(x, g):
+    return jax.vjp(_pool, x)[1](g)[0]
+
+
+def _relu_pool_gradient(x, g):
+    return jax.vjp(lambda v: _pool(jax.nn.relu(v)), x)[1](g)[0]
+
+
+N, M = 8 * 32 * 32 * 16, 8 * 16 * 16 * 16  # elements of x [8,32,32,16] and of the pooled g [8,16,16,16]
+SELECTION = 2 * (1 + 4) * 4 * M  # (value + 4 indices) x 32 bits per pooled element, written then read
+
+
+@pytest.mark.parametrize("fn, kernels, moved, peak", [
+    # select_and_scatter reads x and g, writes its result and its selection; a no-op slice copies the result.
+    # Arguments and results live all step: x, g and the result, plus the select_and_scatter's result and
+    # selection (SELECTION / 2) at its kernel.
+    (_pool_gradient, 2, (4 * N + 4 * M + 4 * N + SELECTION) + (4 * N + 4 * N), 4 * (N + M + N + N) + SELECTION // 2),
+    # With a ReLU, the zeros of its max and of its gradient's select are the scatter's target to CSE: stored
+    # once (Z, 4N bytes, a kernel of its own) and read back by the select_and_scatter (through max(x, Z)) and
+    # by the final select (compare(x, Z), the result, Z).
+    (_relu_pool_gradient, 3, 4 * N + (4 * N + 4 * N + 4 * M + 4 * N + SELECTION) + (4 * N * 3 + 4 * N),
+     4 * (N + M + N + N + N) + SELECTION // 2),
+])
+def test_a_max_pool_gradient_runs_as_xla_expands_it(unit, fn, kernels, moved, peak):
+    fast_atomics = load_hardware_text(UNIT.replace("scatter_add_rate = 1e9", "scatter_add_rate = 1e12"))
+    model = _model(fn, [(8, 32, 32, 16), (8, 16, 16, 16)])
+    cost = CostModel(model, fast_atomics).evaluate(model.initial())
+    assert cost.kernels == kernels
+    # Every kernel is memory-bound (M atomic adds take 3.3e-8 s at 1e12/s).
+    assert cost.step_time_s == pytest.approx(moved / 1e12 + kernels * KERNEL + STEP)
+    assert cost.peak_bytes == peak
 
 # ---- toast cost ------------------------------------------------------------------------------------------
 

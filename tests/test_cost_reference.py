@@ -47,10 +47,9 @@ PROGRAMS = {
 # The GPT programs take 15-30 s each to lower and analyze with the embedded engine: slow.
 SLOW = {"gpt2s_L12_B2_S1024_bf16", "gpt2s_L12_B8_S1024_bf16", "gpt2s_L12_B8_S1024_f32", "gpt2s_L12_B32_S128_bf16",
         "gpt2m_L24_B4_S1024_bf16", "gpt_L4_B16_S512_D2048_bf16", "gpt2s_scan_L12_B8_S1024_bf16"}
-# Known gap (BENCHMARKS.md), kept as a strict expected failure so that closing it shows: the convnet's cuDNN
-# convolutions and their layout changes run slower, and hold more workspace, than the model says.
-TIME_GAPS = {"convnet_B256_128px_bf16"}
-PEAK_GAPS = {"convnet_B256_128px_bf16"}
+# Known gaps (BENCHMARKS.md), kept as strict expected failures so that closing one shows.
+TIME_GAPS: set[str] = set()
+PEAK_GAPS: set[str] = set()
 
 
 def _params(gaps):
@@ -93,3 +92,12 @@ def test_peak_memory_matches_xla(name):
     xla = json.loads(REFERENCE.read_text())["programs"][name]["memory_bytes"]["peak_memory_in_bytes"]
     ratio = _cost(name).peak_bytes / xla
     assert 0.85 <= ratio <= 1.15, f"{name}: predicted / XLA peak = {ratio:.2f}"
+
+
+@pytest.mark.xfail(strict=True, reason="the reference timed the GNN with every edge index equal (all scatter-add "
+                   "atomics collide); a model that cannot see the data prices uniform indices (BENCHMARKS.md)")
+def test_gnn_step_time_against_the_reference_run():
+    name = "gnn_N100k_E1M_bf16"
+    measured = json.loads(REFERENCE.read_text())["programs"][name]["step_ms_median"] * 1e-3
+    ratio = _cost(name).step_time_s / measured
+    assert 1 / 1.5 <= ratio <= 1.5, f"{name}: predicted / reference = {ratio:.2f}"

@@ -22,7 +22,9 @@ unsharded endpoint: the all-gather/reduce-scatter pairs of Figure 5b.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import cast
 
 import numpy as np
 
@@ -74,6 +76,86 @@ class Collective:
     last_op: int = -1
 
 
+def _collective_factory() -> Callable[[str, tuple[str, ...], int, int, int, int, int, int], Collective]:
+    """``Collective(...)`` in half the time: the frozen dataclass's ``__init__`` sets each field through
+    ``object.__setattr__``; this sets the slots directly (the same object, as ``==`` and ``hash`` see it)."""
+    make = object.__new__
+    (set_kind, set_axes, set_value, set_op, set_operand, set_bytes_in, set_bytes_out,
+     set_last_op) = (getattr(Collective, field.name).__set__ for field in fields(Collective))
+
+    def new_collective(kind: str, axes: tuple[str, ...], value: int, op: int, operand: int, bytes_in: int,
+                       bytes_out: int, last_op: int) -> Collective:
+        collective = make(Collective)
+        set_kind(collective, kind)
+        set_axes(collective, axes)
+        set_value(collective, value)
+        set_op(collective, op)
+        set_operand(collective, operand)
+        set_bytes_in(collective, bytes_in)
+        set_bytes_out(collective, bytes_out)
+        set_last_op(collective, last_op)
+        return collective
+
+    return new_collective
+
+
+_new_collective = _collective_factory()
+
+KINDS: tuple[str, ...] = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all")
+"""``Collective.kind`` by the codes of ``CollectiveTable.kind``."""
+ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER, ALL_TO_ALL = range(len(KINDS))
+
+_MEMO_LIMIT = 1 << 16
+"""``Collective`` objects a ``CommunicationModel`` keeps for reuse before it starts over."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class CollectiveTable:
+    """The collectives of one state as parallel arrays: row i is the i-th ``Collective`` of
+    ``CommunicationModel.collectives`` (same fields and order), with the kind as a code and the
+    axes as a bit mask. The cost model computes with it; ``CommunicationModel.to_list`` makes the
+    ``Collective`` objects.
+
+    Attributes:
+      kind: ``int64[n]``, an index into ``KINDS``.
+      axes_mask: ``int64[n]``, bit k set when the collective runs over mesh axis k
+        (``Mesh.mask_axes`` gives ``Collective.axes``).
+      value: ``int64[n]``, the value id moved.
+      op: ``int64[n]``, the op it belongs to.
+      operand: ``int64[n]``, the operand index for a use, ``-1`` for a partial result.
+      bytes_in: ``int64[n]``, bytes per device going in.
+      bytes_out: ``int64[n]``, bytes per device coming out.
+      last_op: ``int64[n]``, the last op using a resharded copy; ``-1`` for a partial result.
+    """
+
+    kind: np.ndarray
+    axes_mask: np.ndarray
+    value: np.ndarray
+    op: np.ndarray
+    operand: np.ndarray
+    bytes_in: np.ndarray
+    bytes_out: np.ndarray
+    last_op: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.kind)
+
+    @staticmethod
+    def concatenate(parts: list[CollectiveTable]) -> CollectiveTable:
+        """The rows of ``parts``, one after the other."""
+        if len(parts) == 1:
+            return parts[0]
+        return CollectiveTable(*(np.concatenate([getattr(part, name) for part in parts]) for name in _TABLE_FIELDS))
+
+    @staticmethod
+    def empty() -> CollectiveTable:
+        """No collectives."""
+        return CollectiveTable(*(np.zeros(0, dtype=np.int64) for _ in _TABLE_FIELDS))
+
+
+_TABLE_FIELDS = tuple(field.name for field in fields(CollectiveTable))  # as Collective's, in its order
+
+
 class CommunicationModel:
     """Static structure for deriving collectives quickly (built once per analysis and mesh)."""
 
@@ -116,104 +198,277 @@ class CommunicationModel:
         self.element_bits = np.asarray([storage_bits(v) for v in program.values], dtype=np.int64)
         self._axes_of_mask = [model.mesh.mask_axes(mask) for mask in range(256)]
         self._keep_bytes = self.keep_mask.tobytes()
-        self._devices_of_mask = model.devices_of_mask.tolist()
         self._site_values = np.asarray([site[2] for site in self.use_sites], dtype=np.int64)
         self._defs = defs
         self._value_starts = np.asarray([names.def_base[v.id] for v in program.values if v.shape], dtype=np.int64)
         self._ranked_values = np.asarray([v.id for v in program.values if v.shape], dtype=np.int64)
+        self._init_value_bytes(defs)
+        self._init_partial_results(defs)
+        self._init_use_sites(defs)
+        mesh = model.mesh
+        # Per axes mask: the axes with their count, and the single-axis masks minor first (all-reduce order).
+        self._axis_count = np.asarray([len(axes) for axes in self._axes_of_mask], dtype=np.int64)
+        minor_first = np.zeros((256, 8), dtype=np.int64)
+        for mask, axes in enumerate(self._axes_of_mask):
+            for position, axis in enumerate(reversed(axes)):
+                minor_first[mask, position] = 1 << mesh.index(axis)
+        self._minor_first_axis = minor_first
+        self._memo: dict[bytes, Collective] = {}  # a CollectiveTable row's bytes -> its Collective
+
+    def _init_value_bytes(self, defs: int) -> None:
+        """Static arrays of ``value_bytes``: definition-name sizes as floats, and each ranked value's
+        definition names as columns (``int64[max rank, ranked values]``, padded with ``defs``, where
+        the local sizes hold a 1)."""
+        model = self.model
+        self._def_sizes = model.name_size[:defs].astype(np.float64)
+        self._devices_float = model.devices_of_mask.astype(np.float64)
+        ranks = np.diff(np.append(self._value_starts, defs)) if len(self._value_starts) else np.zeros(0, np.int64)
+        max_rank = int(ranks.max()) if len(ranks) else 0
+        columns = np.full((max_rank, len(ranks)), defs, dtype=np.int64)
+        for dim in range(max_rank):
+            has_dim = ranks > dim
+            columns[dim, has_dim] = self._value_starts[has_dim] + dim
+        self._dim_columns = columns
+        self._ranked_bits = self.element_bits[self._ranked_values]
+        self._scalar_bytes = (self.element_bits + 7) >> 3
+
+    def _init_partial_results(self, defs: int) -> None:
+        """Static arrays of the partial results: the reducing names grouped by op (ops ascending), the
+        results of those ops ("entries", in op then result order), and, per entry, the use names
+        ``scatter_dim`` scans (in its order) with their dims."""
+        program, names = self.model.analysis.program, self.model.analysis.names
+        order = np.argsort(self.reducing_ops, kind="stable")
+        self._reducing_names_by_op = self.reducing_names[order]
+        self._partial_ops, self._partial_op_starts = np.unique(self.reducing_ops[order], return_index=True)
+        entry_values: list[int] = []
+        entry_owner: list[int] = []  # index into _partial_ops
+        for owner, op_id in enumerate(self._partial_ops.tolist()):
+            for value_id in program.ops[op_id].results:
+                entry_values.append(value_id)
+                entry_owner.append(owner)
+        scan_names: list[int] = []
+        scan_dims: list[int] = []
+        scan_entry: list[int] = []
+        for entry, value_id in enumerate(entry_values):
+            for _, first, rank in self.uses_of_value.get(value_id, ()):
+                scan_names.extend(range(first, first + rank))
+                scan_dims.extend(range(rank))
+                scan_entry.extend([entry] * rank)
+        self._entry_values = np.asarray(entry_values, dtype=np.int64)
+        self._entry_def_base = np.asarray([names.def_base[v] for v in entry_values], dtype=np.int64)
+        self._entry_ops = self._partial_ops[np.asarray(entry_owner, dtype=np.int64)]
+        self._entry_owner = np.asarray(entry_owner, dtype=np.int64)
+        self._scan_names = np.asarray(scan_names, dtype=np.int64)
+        self._scan_dims = np.asarray(scan_dims, dtype=np.int64)
+        self._scan_entry = np.asarray(scan_entry, dtype=np.int64)
+        self._scan_keep = self.keep_mask[self._scan_names - defs]
+
+    def _init_use_sites(self, defs: int) -> None:
+        """Static arrays of the use sites: op and operand, and each site's use names as a row of
+        ``int64[sites, width]`` (offsets into use names; padded with ``len(uses)``, where the padded
+        use masks hold a 0; width a multiple of 8 so that a row of masks reads as ``uint64`` words)."""
+        self._site_ops = np.asarray([site[0] for site in self.use_sites], dtype=np.int64)
+        self._site_operands = np.asarray([site[1] for site in self.use_sites], dtype=np.int64)
+        ranks = np.asarray([site[4] for site in self.use_sites], dtype=np.int64)
+        max_rank = int(ranks.max()) if len(ranks) else 0
+        width = max(8, -(-max_rank // 8) * 8)
+        rows = np.full((len(self.use_sites), width), len(self.use_def), dtype=np.int64)
+        site = np.repeat(np.arange(len(ranks)), ranks)
+        dim = np.arange(len(site)) - np.repeat(np.cumsum(ranks) - ranks, ranks)
+        rows[site, dim] = self.use_site_starts[site] + dim
+        self._site_use_names = rows
+        self._max_use_rank = max(max_rank, 1)
+        self._site_of_use = np.searchsorted(self.use_site_starts, np.arange(len(self.use_def)), side="right") - 1
 
     def value_bytes(self, state: ShardingState) -> np.ndarray:
         """``int64[values]``: bytes per device of every value's definition under ``state``."""
-        model = self.model
-        defs = len(model.analysis.names.defs)
-        local = model.name_size[:defs] // model.devices_of_mask[state.masks[:defs]]
-        elements = np.ones(len(self.element_bits), dtype=np.int64)
-        if len(self._value_starts):
-            elements[self._ranked_values] = np.multiply.reduceat(local, self._value_starts)
-        return (elements * self.element_bits + 7) // 8  # whole bytes: packed sub-byte elements
+        defs = self._defs
+        # Local sizes: floor(size / devices) is exact in float64 (sizes below 2**53); index ``defs`` holds 1.
+        local = np.ones(defs + 1, dtype=np.int64)
+        np.floor(self._def_sizes / self._devices_float.take(state.masks[:defs]), out=local[:defs], casting="unsafe")
+        found = self._scalar_bytes.copy()
+        columns = self._dim_columns
+        if len(columns):
+            elements = local.take(columns[0])
+            for column in columns[1:]:
+                elements *= local.take(column)
+            found[self._ranked_values] = (elements * self._ranked_bits + 7) >> 3  # whole bytes: packed sub-byte
+        return found
 
     def collectives(self, state: ShardingState, value_bytes: np.ndarray | None = None) -> list[Collective]:
         """Every collective the state needs: partial results first, then uses, each in op order."""
-        model, analysis = self.model, self.model.analysis
-        program, names = analysis.program, analysis.names
-        defs = len(names.defs)
-        masks = state.masks
-        mask_bytes = masks.tobytes()
-        devices = model.devices_of_mask
-        axes_of = self._axes_of_mask.__getitem__
-        value_bytes = (self.value_bytes(state) if value_bytes is None else value_bytes).copy()
-        found: list[Collective] = []
-        # Partial results of reductions, resolved at the producer.
-        partial_by_op = self.partial_results(state)
-        def_masks_at_use = masks[self.use_def]
-        for op_id in sorted(partial_by_op):
-            axes_mask = partial_by_op[op_id]
-            for value_id in program.ops[op_id].results:
-                size = int(value_bytes[value_id])
-                wanted = self.scatter_dim(state, value_id, axes_mask, mask_bytes)
-                if wanted is None:
-                    # Over several axes, one all-reduce per axis, minor first (as XLA's module has it).
-                    for axis in reversed(axes_of(axes_mask)):
-                        found.append(Collective("all-reduce", (axis,), value_id, op_id, -1, size, size))
-                    continue
-                # Reduce-scatter: the value is split along the axes on that dim from now on.
-                def_name = names.def_base[value_id] + wanted
-                new_mask = int(masks[def_name]) | axes_mask
-                def_masks_at_use[self._uses_of_def_name(def_name)] = new_mask
-                out = size // int(devices[axes_mask])
-                value_bytes[value_id] = out
-                found.append(Collective("reduce-scatter", axes_of(axes_mask), value_id, op_id, -1, size, out))
-        # Uses whose sharding differs from their definition's.
-        use_masks = masks[defs:] & self.keep_mask
-        extra = def_masks_at_use & ~use_masks
-        if not extra.any():
-            return found
-        starts = self.use_site_starts
-        moved = np.bitwise_or.reduceat(extra, starts)
-        use_or = np.bitwise_or.reduceat(use_masks, starts)
-        seen: dict[tuple[int, bytes], list[int]] = {}
-        last_user: dict[tuple[int, bytes], int] = {}
-        hits = np.flatnonzero(moved)
-        use_mask_bytes = use_masks.tobytes()
-        devices_of = self._devices_of_mask
-        use_sites = self.use_sites
-        for site, site_moved, site_use_or, site_bytes in zip(
-                hits.tolist(), moved[hits].tolist(), use_or[hits].tolist(),
-                value_bytes[self._site_values[hits]].tolist(), strict=True):
-            op_id, operand, value_id, first, rank = use_sites[site]
-            # One value resharded alike for several uses moves once (XLA's CSE merges the copies).
-            layout = (value_id, use_mask_bytes[first - defs:first - defs + rank])
-            if layout in seen:
-                last_user[layout] = op_id
-                continue
-            seen[layout] = []
-            in_bytes = site_bytes
-            to_all = site_moved & site_use_or
-            gathered = site_moved & ~to_all
-            if gathered:
-                out_bytes = in_bytes * devices_of[gathered]
-                seen[layout].append(len(found))
-                found.append(Collective("all-gather", axes_of(gathered), value_id, op_id, operand, in_bytes, out_bytes,
-                                        op_id))
-                in_bytes = out_bytes
-            if to_all:
-                seen[layout].append(len(found))
-                found.append(Collective("all-to-all", axes_of(to_all), value_id, op_id, operand, in_bytes, in_bytes,
-                                        op_id))
-        for layout, op_id in last_user.items():  # once per shared layout, not per use
-            for index in seen[layout]:
-                found[index] = replace(found[index], last_op=op_id)
+        return self.to_list(self.table(state, value_bytes))
+
+    def to_list(self, table: CollectiveTable) -> list[Collective]:
+        """The ``Collective`` of each row of ``table``. Equal rows give the same (immutable) object:
+        a search meets most collectives again and again, and making one costs more than looking it up."""
+        rows = np.empty((len(table), len(_TABLE_FIELDS)), dtype=np.int64)
+        for column, name in enumerate(_TABLE_FIELDS):
+            rows[:, column] = getattr(table, name)
+        # A row's bytes (a void scalar's ``tolist`` is its bytes).
+        keys = cast(list[bytes], rows.view(np.dtype((np.void, rows.itemsize * rows.shape[1]))).ravel().tolist())
+        memo = self._memo
+        try:
+            return [memo[key] for key in keys]
+        except KeyError:
+            pass
+        if len(memo) + len(keys) > _MEMO_LIMIT:
+            memo.clear()
+        axes_of = self._axes_of_mask
+        found = []
+        for key, row in zip(keys, rows.tolist(), strict=True):
+            collective = memo.get(key)
+            if collective is None:
+                kind, axes_mask, value, op, operand, bytes_in, bytes_out, last_op = row
+                collective = _new_collective(KINDS[kind], axes_of[axes_mask], value, op, operand, bytes_in, bytes_out,
+                                             last_op)
+                memo[key] = collective
+            found.append(collective)
         return found
 
-    def _uses_of_def_name(self, def_name: int) -> np.ndarray:
-        """Indices (into use names) of the uses of one definition name."""
-        order = getattr(self, "_use_order", None)
-        if order is None:
-            order = np.argsort(self.use_def, kind="stable")
-            self._use_order = order
-            self._sorted_use_def = self.use_def[order]
-        low, high = np.searchsorted(self._sorted_use_def, [def_name, def_name + 1])
-        return order[low:high]
+    def table(self, state: ShardingState, value_bytes: np.ndarray | None = None) -> CollectiveTable:
+        """The collectives of ``collectives`` as arrays (``value_bytes``: ``self.value_bytes(state)``, when
+        the caller has it)."""
+        if value_bytes is None:
+            value_bytes = self.value_bytes(state)
+        masks = state.masks
+        # Partial results of reductions, resolved at the producer.
+        partial, def_masks, value_bytes = self._partial_table(masks, value_bytes)
+        # Uses whose sharding differs from their definition's.
+        uses = self._use_table(masks, def_masks, value_bytes)
+        if uses is None:
+            return partial if partial is not None else CollectiveTable.empty()
+        return uses if partial is None else CollectiveTable.concatenate([partial, uses])
+
+    def _partial_table(self, masks: np.ndarray, value_bytes: np.ndarray,
+                       ) -> tuple[CollectiveTable | None, np.ndarray, np.ndarray]:
+        """The collectives of partial results (ops ascending, each op's results in order); the
+        definition masks (``uint8[defs]``) and value bytes (``int64[values]``) after the reduce-scatters,
+        which leave their values split along the reduced axes on the dim the first use wants."""
+        defs = self._defs
+        if not len(self._partial_ops):
+            return None, masks[:defs], value_bytes
+        reducing = masks[self._reducing_names_by_op]
+        if not reducing.any():
+            return None, masks[:defs], value_bytes
+        op_masks = np.bitwise_or.reduceat(reducing, self._partial_op_starts)
+        entry_masks = op_masks[self._entry_owner]  # uint8[entries]: the axes each result is partial over
+        # scatter_dim for every entry at once: the first scanned use name that is split along all the axes
+        # (read for the entries with axes only).
+        scan_masks = entry_masks[self._scan_entry]
+        wanted_at = np.flatnonzero((masks[self._scan_names] & self._scan_keep & scan_masks) == scan_masks)
+        wanted = np.full(len(entry_masks), -1, dtype=np.int64)
+        if len(wanted_at):
+            owners = self._scan_entry[wanted_at]
+            first = np.ones(len(owners), dtype=bool)
+            first[1:] = owners[1:] != owners[:-1]
+            wanted[owners[first]] = self._scan_dims[wanted_at[first]]
+        selected = np.flatnonzero(entry_masks)
+        axes = entry_masks[selected].astype(np.int64)
+        values = self._entry_values[selected]
+        dims = wanted[selected]
+        scattered = dims >= 0
+        sizes = value_bytes[values]
+        out = sizes
+        def_masks = masks[:defs]
+        if scattered.any():
+            # Reduce-scatter: the value is split along the axes on that dim from now on.
+            scatter_axes = axes[scattered]
+            out = sizes.copy()
+            out[scattered] = sizes[scattered] // self.model.devices_of_mask[scatter_axes]
+            def_masks = def_masks.copy()
+            def_masks[self._entry_def_base[selected[scattered]] + dims[scattered]] |= scatter_axes.astype(np.uint8)
+            value_bytes = value_bytes.copy()
+            value_bytes[values[scattered]] = out[scattered]
+        kind = np.where(scattered, REDUCE_SCATTER, ALL_REDUCE)
+        ops = self._entry_ops[selected]
+        # Otherwise one all-reduce per axis, minor first (as XLA's module has it).
+        counts = np.where(scattered, 1, self._axis_count[axes])
+        if counts.max() > 1:
+            row_entry = np.repeat(np.arange(len(selected)), counts)
+            position = np.arange(len(row_entry)) - np.repeat(np.cumsum(counts) - counts, counts)
+            kind, axes, values, ops, sizes, out = (kind[row_entry], axes[row_entry], values[row_entry], ops[row_entry],
+                                                   sizes[row_entry], out[row_entry])
+            axes = np.where(kind == REDUCE_SCATTER, axes, self._minor_first_axis[axes, position])
+        unused = np.full(len(kind), -1, dtype=np.int64)  # operand and last_op
+        table = CollectiveTable(kind=kind, axes_mask=axes, value=values, op=ops, operand=unused, bytes_in=sizes,
+                                bytes_out=out, last_op=unused)
+        return table, def_masks, value_bytes
+
+    def _use_table(self, masks: np.ndarray, def_masks: np.ndarray, value_bytes: np.ndarray,
+                   ) -> CollectiveTable | None:
+        """The collectives of use sites whose sharding differs from their definition's, in site order:
+        per site an all-gather along the axes only the definition is split on, then an all-to-all along
+        the axes both are split on (on different dims); ``None`` when no use needs one. ``def_masks``:
+        ``uint8[defs]`` after the reduce-scatters; ``value_bytes``: ``int64[values]`` after them."""
+        defs = self._defs
+        padding = np.zeros(1, dtype=np.uint8)  # the use masks' entry at len(uses), for padded rows
+        use_masks = np.concatenate((masks[defs:] & self.keep_mask, padding))
+        extra = np.concatenate((def_masks.take(self.use_def) & ~use_masks[:-1], padding))
+        moved_at = np.flatnonzero(extra != 0)
+        if not len(moved_at):
+            return None
+        moved_sites = self._site_of_use[moved_at]
+        hits = moved_sites[np.append(True, moved_sites[1:] != moved_sites[:-1])]
+        names = self._site_use_names[hits]
+        layouts = use_masks[names]  # uint8[hits, width]: each hit's use masks (zeros past its rank)
+        moved_names = extra[names]
+        moved = moved_names[:, 0].astype(np.int64)
+        use_or = layouts[:, 0].astype(np.int64)
+        for dim in range(1, self._max_use_rank):
+            moved |= moved_names[:, dim]
+            use_or |= layouts[:, dim]
+        hit_values = self._site_values[hits]
+        # One value resharded alike for several uses moves once (XLA's CSE merges the copies): group the hits
+        # by (value, use masks); the first of a group carries the collectives, the last one's op frees the copy.
+        words = layouts.view(np.uint64)  # uint64[hits, width / 8]: the use masks, 8 dims a word
+        order = np.lexsort((*words.T, hit_values))  # stable: a group's hits stay in site order
+        sorted_values = hit_values[order]
+        sorted_words = words[order]
+        starts_group = np.empty(len(order), dtype=bool)
+        starts_group[0] = True
+        np.not_equal(sorted_values[1:], sorted_values[:-1], out=starts_group[1:])
+        for word in range(words.shape[1]):
+            starts_group[1:] |= sorted_words[1:, word] != sorted_words[:-1, word]
+        first_hits = order[starts_group]
+        kept = np.zeros(len(order), dtype=bool)
+        kept[first_hits] = True
+        last_hit = np.empty(len(order), dtype=np.int64)
+        last_hit[first_hits] = order[np.append(starts_group[1:], True)]  # per group, at its first hit
+        sites = hits[kept]
+        last_op = self._site_ops[hits[last_hit[kept]]]
+        moved, use_or = moved[kept], use_or[kept]
+        to_all = moved & use_or
+        gathered = moved & ~to_all
+        in_bytes = value_bytes[hit_values[kept]]
+        gathered_bytes = in_bytes * self.model.devices_of_mask[gathered]
+        value, op, operand = self._site_values[sites], self._site_ops[sites], self._site_operands[sites]
+        all_to_alls = to_all != 0
+        if not all_to_alls.any():  # every site moves by one all-gather
+            return CollectiveTable(kind=np.full(len(sites), ALL_GATHER, dtype=np.int64), axes_mask=gathered,
+                                   value=value, op=op, operand=operand, bytes_in=in_bytes, bytes_out=gathered_bytes,
+                                   last_op=last_op)
+        gathers = gathered != 0
+        counts = gathers.astype(np.int64) + all_to_alls
+        first_row = np.cumsum(counts) - counts
+        gather_rows = first_row[gathers]
+        all_to_all_rows = (first_row + gathers)[all_to_alls]
+        rows = int(counts.sum())
+        kind = np.empty(rows, dtype=np.int64)
+        axes = np.empty(rows, dtype=np.int64)
+        bytes_in = np.empty(rows, dtype=np.int64)
+        bytes_out = np.empty(rows, dtype=np.int64)
+        kind[gather_rows] = ALL_GATHER
+        axes[gather_rows] = gathered[gathers]
+        bytes_in[gather_rows] = in_bytes[gathers]
+        bytes_out[gather_rows] = gathered_bytes[gathers]
+        kind[all_to_all_rows] = ALL_TO_ALL
+        axes[all_to_all_rows] = to_all[all_to_alls]
+        bytes_in[all_to_all_rows] = gathered_bytes[all_to_alls]
+        bytes_out[all_to_all_rows] = gathered_bytes[all_to_alls]
+        return CollectiveTable(kind=kind, axes_mask=axes, value=np.repeat(value, counts), op=np.repeat(op, counts),
+                               operand=np.repeat(operand, counts), bytes_in=bytes_in, bytes_out=bytes_out,
+                               last_op=np.repeat(last_op, counts))
 
     def use_axes(self, state: ShardingState, op_id: int, operand: int) -> tuple[tuple[str, ...], ...]:
         """Axes sharding each dim of an operand as the op uses it (a dim the op cannot split is

@@ -19,6 +19,10 @@ This module builds, once per program, the static plan the cost model prices per 
   materialized only for a library call, a loop or a program result.
 - **Bytes touched.** ``gather``, ``slice`` and ``dynamic_slice`` read what they return, not their whole
   operand; ``dynamic_update_slice`` writes its update in place.
+- **Select-and-scatter** (a max pool's gradient) runs as XLA's GPU pipeline expands it: a window reduction
+  that writes, per source element, the selected value and its index in every dimension (32 bits each), then a
+  scatter-add of the source at those indices. The selection is a scratch buffer, written and read once and
+  live only during the op (the reference's optimized HLO: ``fused_reduce_window`` then ``fused_scatter``).
 - **Loops.** A ``stablehlo.while`` runs its body's kernels once per iteration: the trip count is read from
   the loop when it counts from a constant to a constant by a constant (what ``lax.scan`` and ``fori_loop``
   emit), else taken as 1 (``Loop.trip_count_known`` says which). ``if``/``case`` run one branch.
@@ -69,6 +73,8 @@ DATA_MOVEMENT_OPS = frozenset({
     "stablehlo.real_dynamic_slice", "stablehlo.dynamic_pad", "stablehlo.dynamic_gather",
     "stablehlo.dynamic_broadcast_in_dim", "stablehlo.dynamic_iota", "stablehlo.dynamic_reshape",
 })
+# Bits per component of a select-and-scatter's selection (the selected value and its index per dimension).
+SELECTION_BITS = 32
 # Ops that read only what they return from operand 0.
 TOUCHING_OPS = frozenset({"stablehlo.gather", "stablehlo.slice", "stablehlo.dynamic_slice"})
 
@@ -125,6 +131,8 @@ class KernelPlan:
         ``value`` and moves as many bytes as ``weight value`` holds (itself, or the result of a gather/slice).
       writes: ``(kernel, value, weight value)`` rows likewise for the values a kernel writes for others.
       scatter_updates: ``(kernel, value)`` rows: the update operands of scatters (elements added atomically).
+      scratch: ``(kernel, value, scale)`` rows: a temporary the kernel writes and reads back, of
+        ``scale`` times the bytes of ``value`` (``float64``), live only during the kernel.
       buffers: value ids that occupy memory (arguments, kernel outputs, loop carries), each once.
       buffer_born, buffer_dies: ``int64`` positions (kernel indices; ``-1`` before the first) between which
         each buffer is live; arguments and program results live for the whole step.
@@ -225,6 +233,8 @@ class KernelPlan:
                 for value_id in op.results:
                     if escapes[value_id]:
                         materialized_cheap[op.id] = True
+        root = self._share_select_and_scatter_init(root, users, escapes, materialized_cheap)
+        self.root = root
 
         # Fusion: a fusible op whose result only fusible ops of its scope read is recomputed inside each of
         # them (XLA fuses a producer into all its consumers, duplicating it): like a cheap producer, it is
@@ -336,6 +346,7 @@ class KernelPlan:
         read_rows: dict[tuple[int, int], int] = {}
         write_rows: dict[tuple[int, int], int] = {}
         scatter_rows: list[tuple[int, int]] = []
+        scratch_rows: list[tuple[int, int, float]] = []
 
         def read(kernel: int, value_id: int, weight: int, seen: set[int]) -> None:
             r = int(root[value_id])
@@ -375,6 +386,12 @@ class KernelPlan:
                 if op.kind in SCATTER_OPS:
                     inputs = (len(op.operands) - 1) // 2
                     scatter_rows.extend((index, u) for u in op.operands[inputs + 1:])
+                elif op.kind == "stablehlo.select_and_scatter" and len(op.operands) > 1:
+                    gradient = op.operands[1]  # one element per window, scattered into the result
+                    scatter_rows.append((index, gradient))
+                    rank = len(program.values[op.operands[0]].shape)
+                    bits = max(program.values[gradient].bits, 1)
+                    scratch_rows.append((index, gradient, (1 + rank) * SELECTION_BITS / bits))
         for maker, update_op in in_place_writes:
             writer = int(kernel_of_op[maker])
             if writer >= 0:
@@ -383,10 +400,58 @@ class KernelPlan:
         self.writes = _rows(write_rows)
         scatter = np.asarray(scatter_rows, dtype=np.int64).reshape(-1, 2)
         self.scatter_updates = (scatter[:, 0], scatter[:, 1])
+        self.scratch = (np.asarray([r[0] for r in scratch_rows], dtype=np.int64),
+                        np.asarray([r[1] for r in scratch_rows], dtype=np.int64),
+                        np.asarray([r[2] for r in scratch_rows], dtype=np.float64))
 
         # Buffers and live ranges in kernel positions.
         self.buffers, self.buffer_born, self.buffer_dies = self._live_ranges(
             users, escapes, materialized_cheap, category)
+
+    def _share_select_and_scatter_init(self, root: np.ndarray, users: list[list[int]], escapes: np.ndarray,
+                                       materialized_cheap: np.ndarray) -> np.ndarray:
+        """XLA expands a select-and-scatter into a scatter whose target is its init broadcast to the operand's
+        shape, a stored buffer; CSE makes every broadcast of the same splat constant to the same type in the
+        same scope (inlined calls included) that one value (a ReLU's zeros beside a max pool's gradient, in
+        the reference's optimized convnet: ``fused_broadcast``). Such a broadcast is then stored once, by a
+        kernel of its own, and its readers read it instead of recomputing it. Returns ``root`` with the equal
+        broadcasts made views of the first; updates ``users``, ``escapes`` and ``materialized_cheap`` in
+        place."""
+        program, ops = self.program, self.program.ops
+        splat_of = {}  # value id -> splat text, for constants
+        for op in ops:
+            splat = op.attr("splat") if op.kind == "stablehlo.constant" else None
+            if splat is not None:
+                splat_of[op.results[0]] = splat
+        wanted = set()  # (scope, splat, shape, dtype) of select-and-scatter targets
+        for op in ops:
+            if op.kind == "stablehlo.select_and_scatter" and len(op.operands) > 2 and op.results:
+                splat = splat_of.get(int(root[op.operands[2]]))
+                result = program.values[op.results[0]]
+                if splat is not None:
+                    wanted.add((self.scope[op.id], splat, result.shape, result.dtype))
+        if not wanted:
+            return root
+        first: dict[tuple, int] = {}  # key -> the first equal broadcast's result
+        remap = np.arange(len(root), dtype=np.int64)
+        for op in ops:
+            if op.kind not in ("stablehlo.broadcast_in_dim", "stablehlo.broadcast") or not op.operands:
+                continue
+            result = program.values[op.results[0]]
+            key = (self.scope[op.id], splat_of.get(int(root[op.operands[0]])), result.shape, result.dtype)
+            if key not in wanted:
+                continue
+            if key not in first:
+                first[key] = op.results[0]
+                materialized_cheap[op.id] = True
+                escapes[op.results[0]] = True
+                continue
+            shared = first[key]
+            remap[op.results[0]] = shared
+            materialized_cheap[op.id] = False  # a view of the first now
+            users[shared].extend(users[op.results[0]])
+            users[op.results[0]] = []
+        return remap[root]
 
     def enclosing_loop(self, op_id: int) -> int:
         """The innermost ``stablehlo.while`` holding op ``op_id`` (op id), ``-1`` at top level."""

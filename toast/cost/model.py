@@ -31,14 +31,13 @@ The relative cost is ``C(s) = RT(s) + MP(s)`` with ``RT = step time / initial st
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 
-from toast.cost.collectives import Collective, CommunicationModel
+from toast.cost.collectives import ALL_GATHER, ALL_REDUCE, Collective, CollectiveTable, CommunicationModel
 from toast.cost.hardware import Hardware, InterconnectLevel, axis_levels
 from toast.cost.kernels import KernelPlan
 from toast.errors import ToastError
@@ -110,6 +109,15 @@ class CostModel:
         self.communication = CommunicationModel(model)
         self.levels: dict[str, InterconnectLevel] = axis_levels(list(model.mesh.axes), hardware)
         self._rings: dict[tuple[str, ...], tuple[int, float, float]] = {}
+        # The ring of every axes mask (devices, alpha in seconds, bandwidth in bytes/s), for durations at once;
+        # masks of at most one device move nothing.
+        mesh = model.mesh
+        rings = [self._ring(mesh.mask_axes(mask)) if mesh.mask_size(mask) > 1 else (1, 0.0, 1.0)
+                 for mask in range(256)]
+        self._ring_devices = np.asarray([ring[0] for ring in rings], dtype=np.float64)
+        self._ring_alpha = np.asarray([ring[1] for ring in rings], dtype=np.float64)
+        self._ring_bandwidth = np.asarray([ring[2] for ring in rings], dtype=np.float64)
+        self._axes_label = ["+".join(mesh.mask_axes(mask)) for mask in range(256)]
         analysis = model.analysis
         program = analysis.program
         self.plan = plan = KernelPlan(program, elementwise_ops=analysis.elementwise_ops)
@@ -181,9 +189,11 @@ class CostModel:
                 if item > self._producer_item(r):
                     first_reader[r] = min(first_reader[r], item)
         self.first_reader = first_reader
-        # The same as Python lists, for the per-collective loop of ``_absolute``.
-        self._static_lists = (self.item_of_op.tolist(), self.op_in_loop.tolist(), self.op_repeats.tolist(),
-                              plan.root.tolist(), first_reader.tolist())
+        # Per value (through its buffer's root): the item that makes it (-1: an argument), the first reader.
+        root = np.asarray(plan.root, dtype=np.int64)
+        made_by = np.asarray(program.producer, dtype=np.int64)[root]
+        self.ready_item = np.where(made_by >= 0, self.item_of_op[np.maximum(made_by, 0)], -1)
+        self.first_reader_of_value = first_reader[root]
         # Peak memory: buffer positions shifted by one (arguments at -1).
         self.buffer_born = plan.buffer_born + 1
         self.buffer_dies = plan.buffer_dies + 2
@@ -210,14 +220,18 @@ class CostModel:
         """Alpha-beta ring time of one collective, seconds."""
         return self._collective_seconds(collective.kind, collective.axes, collective.bytes_in, collective.bytes_out)
 
-    def _collective_seconds(self, kind: str, axes: tuple[str, ...], bytes_in: int, bytes_out: int) -> float:
+    def _ring(self, axes: tuple[str, ...]) -> tuple[int, float, float]:
+        """A ring over ``axes``: ``(devices, alpha in seconds, bandwidth in bytes/s)``, the slowest level's."""
         ring = self._rings.get(axes)
         if ring is None:
             n = math.prod(self.model.mesh.size(a) for a in axes)
             levels = [self.levels[a] for a in axes]
             ring = (n, max(level.latency for level in levels), min(level.bandwidth for level in levels))
             self._rings[axes] = ring
-        n, alpha, bandwidth = ring
+        return ring
+
+    def _collective_seconds(self, kind: str, axes: tuple[str, ...], bytes_in: int, bytes_out: int) -> float:
+        n, alpha, bandwidth = self._ring(axes)
         if n <= 1:
             return 0.0
         steps = n - 1
@@ -225,6 +239,17 @@ class CostModel:
             return 2 * (steps * alpha + steps / n * bytes_in / bandwidth)
         full = bytes_out if kind == "all-gather" else bytes_in  # reduce-scatter: the full input; all-to-all: local
         return steps * alpha + steps / n * full / bandwidth
+
+    def _collective_durations(self, table: CollectiveTable) -> np.ndarray:
+        """``float64[collectives]``: ``_collective_seconds`` of every row of ``table`` (the same float
+        operations in the same order, so the same values), seconds."""
+        axes = table.axes_mask
+        n = self._ring_devices[axes]
+        steps = n - 1.0
+        full = np.where(table.kind == ALL_GATHER, table.bytes_out, table.bytes_in).astype(np.float64)
+        seconds = steps * self._ring_alpha[axes] + steps / n * full / self._ring_bandwidth[axes]
+        seconds = np.where(table.kind == ALL_REDUCE, 2 * seconds, seconds)
+        return np.where(n > 1, seconds, 0.0)
 
     def kernel_work(self, state: ShardingState, value_bytes: np.ndarray | None = None,
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -237,8 +262,11 @@ class CostModel:
         value_bytes = value_bytes.astype(np.float64)
         read_kernel, _, read_weight = plan.reads
         write_kernel, _, write_weight = plan.writes
+        scratch_kernel, scratch_value, scratch_scale = plan.scratch
         moved = (np.bincount(read_kernel, weights=value_bytes[read_weight], minlength=kernel_count)
-                 + np.bincount(write_kernel, weights=value_bytes[write_weight], minlength=kernel_count))
+                 + np.bincount(write_kernel, weights=value_bytes[write_weight], minlength=kernel_count)
+                 + np.bincount(scratch_kernel, weights=2.0 * value_bytes[scratch_value] * scratch_scale,
+                               minlength=kernel_count))  # scratch: written, then read back
         at_peak = np.zeros(kernel_count, dtype=np.float64)
         if len(self.flop_names):
             devices = self.model.devices_of_mask[state.masks[self.flop_names]]
@@ -270,40 +298,29 @@ class CostModel:
         busy_memory = float((np.where(compute_bound, 0.0, memory_time) * repeats).sum())
         overheads = float((self.overhead * repeats).sum()) + self.hardware.step_overhead
         item_time = np.bincount(self.top_of_kernel, weights=seconds * repeats, minlength=self.item_count)
-        collectives = self.communication.collectives(state, value_bytes)
-        communication: dict[str, float] = {}
-        timed: list[tuple[int, int, float]] = []  # (consumer item, ready item, seconds) on the comm stream
-        in_loops = 0.0
-        seconds_of = self._collective_seconds
-        item_of_op, op_in_loop, op_repeats, root_of, first_reader = self._static_lists
-        producer = self.model.analysis.program.producer
-        by_axes: dict[tuple[str, ...], float] = {}
-        for collective in collectives:
-            op = collective.op
-            axes = collective.axes
-            duration = seconds_of(collective.kind, axes, collective.bytes_in, collective.bytes_out)
-            repeated = duration * op_repeats[op]
-            by_axes[axes] = by_axes.get(axes, 0.0) + repeated
-            if op_in_loop[op]:
-                item_time[item_of_op[op]] += repeated
-                in_loops += repeated
-                continue
-            root = root_of[collective.value]
-            if collective.operand >= 0:  # a use: ready when the value is, needed by the op using it
-                made_by = producer[root]
-                ready, consumer = (item_of_op[made_by] if made_by >= 0 else -1), item_of_op[op]
-            else:  # a partial result: ready after its producer, needed by its first reader
-                ready, consumer = item_of_op[op], first_reader[root]
-            timed.append((consumer, ready, duration))
-        for axes, axis_seconds in by_axes.items():
-            communication["+".join(axes)] = axis_seconds
+        table = self.communication.table(state, value_bytes)
+        durations = self._collective_durations(table)
+        ops = table.op
+        repeated = durations * self.op_repeats[ops]
+        communication = self._communication_by_axes(table.axes_mask, repeated)
+        # Collectives inside a loop body run there, exposed; the others go on the communication stream.
+        in_loop = self.op_in_loop[ops]
+        np.add.at(item_time, self.item_of_op[ops[in_loop]], repeated[in_loop])  # in order, as a loop adds
+        in_loops = _sequential_sum(repeated[in_loop])
+        streamed = ~in_loop
+        ops, values, durations = ops[streamed], table.value[streamed], durations[streamed]
+        is_use = table.operand[streamed] >= 0
+        # A use: ready when the value is, needed by the op using it. A partial result: ready after its producer,
+        # needed by its first reader.
+        ready = np.where(is_use, self.ready_item[values], self.item_of_op[ops])
+        consumer = np.where(is_use, self.item_of_op[ops], self.first_reader_of_value[values])
         compute_busy = float(item_time.sum()) + self.hardware.step_overhead
-        total_comm = sum(d for _, _, d in timed)
+        total_comm = _sequential_sum(durations)
         if not self.overlap:
             step = compute_busy + total_comm
             exposed = total_comm
         else:
-            step = self._makespan(item_time, timed) + self.hardware.step_overhead
+            step = self._makespan(item_time, consumer, ready, durations) + self.hardware.step_overhead
             exposed = step - compute_busy
             if exposed < 1e-12 * max(step, 1.0):  # rounding of the same sums taken in two orders
                 exposed, step = 0.0, compute_busy
@@ -314,42 +331,73 @@ class CostModel:
             "exposed_communication_s": exposed + in_loops,
             "hidden_communication_s": max(0.0, total_comm - exposed) if total_comm - exposed > 1e-12 * step else 0.0,
         }
-        peak = self._peak_memory(collectives, value_bytes)
-        return step, compute_busy - in_loops, breakdown, communication, peak, collectives
+        peak = self._peak_memory(table, value_bytes)
+        return step, compute_busy - in_loops, breakdown, communication, peak, self.communication.to_list(table)
+
+    def _communication_by_axes(self, axes_mask: np.ndarray, seconds: np.ndarray) -> dict[str, float]:
+        """Seconds per mesh axis set (``"batch+model"``), the sets in order of first appearance, each sum
+        taken in row order. ``axes_mask``: ``int64[collectives]``; ``seconds``: ``float64[collectives]``."""
+        if not len(axes_mask):
+            return {}
+        sums = np.bincount(axes_mask, weights=seconds, minlength=256).tolist()  # adds in row order
+        present = np.flatnonzero(np.bincount(axes_mask, minlength=256)).tolist()  # a few axis sets
+        if len(present) > 1:
+            present.sort(key=lambda mask: int(np.argmax(axes_mask == mask)))  # by first row
+        labels = self._axes_label
+        return {labels[mask]: sums[mask] for mask in present}
 
     @staticmethod
-    def _makespan(item_time: np.ndarray, timed: list[tuple[int, int, float]]) -> float:
+    def _makespan(item_time: np.ndarray, consumer: np.ndarray, ready: np.ndarray, duration: np.ndarray) -> float:
         """Both streams' makespan: items back to back on the compute stream, each collective on the
-        communication stream from max(its operand ready, stream free), its consumer waiting for it."""
-        starts: list[float] = np.concatenate(([0.0], np.cumsum(item_time))).tolist()
-        total = starts[-1]
-        if not timed:
+        communication stream from max(its operand ready, stream free), its consumer waiting for it.
+
+        Args:
+          item_time: ``float64[items]``, seconds of each top-level item on the compute stream.
+          consumer: ``int64[collectives]``, the item that needs each collective's result.
+          ready: ``int64[collectives]``, the item after which its operand is ready (-1: at the start).
+          duration: ``float64[collectives]``, seconds.
+
+        Returns:
+          Seconds. Collectives run in (consumer, ready, duration) order; a wait of the compute stream for a
+          collective delays every item from its consumer on, and so the operands made there.
+        """
+        starts = np.concatenate(([0.0], np.cumsum(item_time)))
+        total = float(starts[-1])
+        if not len(duration):
             return total
-        delay_at: list[int] = []  # items where the compute stream waited, ascending
-        delay_sum: list[float] = []  # cumulative wait from that item on
+        order = np.lexsort((duration, ready, consumer))
+        # Items counted from 1 (0: before the first item, when arguments are ready).
+        consumer, ready = consumer[order] + 1, ready[order] + 1
+        made_at = starts[ready]  # before any wait of the compute stream
+        # When the consumer starts without waits; never waits (inf) if it makes the operand too (a loop).
+        needed_at = np.where(ready < consumer, starts[np.minimum(consumer - 1, len(item_time))], np.inf)
+        # The compute stream's cumulative wait before item i for i < waited_to (a list, as it grows while the
+        # loop reads it); ``delay`` from item waited_to on.
+        wait_before: list[float] = []
+        waited_to = 0
         delay = 0.0
         comm_free = 0.0
-        for consumer, ready, duration in sorted(timed):
-            if ready >= 0:
-                index = bisect.bisect_right(delay_at, ready) - 1
-                ready_time = starts[ready + 1] + (delay_sum[index] if index >= 0 else 0.0)
-            else:
-                ready_time = 0.0
-            comm_free = max(comm_free, ready_time) + duration
-            consumer_start = starts[min(consumer, len(item_time))] + delay
-            if ready >= consumer:  # made and needed by the same item (a loop): no overlap
-                consumer_start = max(consumer_start, comm_free)
+        for item, ready_item, ready_time, needed, seconds in zip(
+                consumer.tolist(), ready.tolist(), made_at.tolist(), needed_at.tolist(), duration[order].tolist(),
+                strict=True):
+            ready_time += wait_before[ready_item] if ready_item < waited_to else delay
+            if ready_time > comm_free:
+                comm_free = ready_time
+            comm_free += seconds
+            consumer_start = needed + delay
             if comm_free > consumer_start:
+                if item > waited_to:
+                    wait_before += [delay] * (item - waited_to)
+                    waited_to = item
                 delay += comm_free - consumer_start
-                delay_at.append(consumer)
-                delay_sum.append(delay)
         return max(total + delay, comm_free)
 
     def live_at_peak(self, state: ShardingState, *, top: int = 5) -> list[LiveBuffer]:
         """The ``top`` largest buffers live when the peak is reached (largest first)."""
         value_bytes = self.communication.value_bytes(state)
         sizes = value_bytes[self.plan.buffers]
-        delta = self._live_delta(sizes, self.communication.collectives(state, value_bytes))
+        delta = self._live_delta(sizes, self.communication.table(state, value_bytes)) + self._scratch_delta(
+            value_bytes)
         at = int(np.argmax(np.cumsum(delta)))
         born, dies = self.buffer_born, self.buffer_dies
         live = np.flatnonzero((born <= at) & (dies > at))
@@ -361,23 +409,34 @@ class CostModel:
             found.append(LiveBuffer(value.id, value.name, value.shape, value.dtype, int(sizes[index]), value.loc))
         return found
 
-    def _live_delta(self, sizes: np.ndarray, collectives: list[Collective]) -> np.ndarray:
+    def _live_delta(self, sizes: np.ndarray, collectives: CollectiveTable) -> np.ndarray:
         """Bytes allocated (+) and freed (-) at each position (kernel index + 1; 0 before the first): every
         buffer over its live range, and every value resharded for its uses (gathered parameters, Figure 5b's
         k) as a second copy from its first such use to its last."""
         delta = np.zeros(len(self.plan.kernels) + 3, dtype=np.int64)
         np.add.at(delta, self.buffer_born, sizes)
         np.add.at(delta, self.buffer_dies, -sizes)
-        for collective in collectives:
-            if collective.operand >= 0:
-                first = int(self.kernel_position_of_op[collective.op]) + 1
-                last = int(self.kernel_position_of_op[max(collective.last_op, collective.op)]) + 2
-                delta[first] += collective.bytes_out
-                delta[last] -= collective.bytes_out
+        uses = collectives.operand >= 0
+        used_by, copy_bytes = collectives.op[uses], collectives.bytes_out[uses]
+        last_user = np.maximum(collectives.last_op[uses], used_by)
+        np.add.at(delta, self.kernel_position_of_op[used_by] + 1, copy_bytes)
+        np.subtract.at(delta, self.kernel_position_of_op[last_user] + 2, copy_bytes)
         return delta
 
-    def _peak_memory(self, collectives: list[Collective], value_bytes: np.ndarray) -> int:
-        peak = int(np.cumsum(self._live_delta(value_bytes[self.plan.buffers], collectives)).max())
+    def _scratch_delta(self, value_bytes: np.ndarray) -> np.ndarray:
+        """Bytes allocated (+) and freed (-) at each position, as ``_live_delta``, by the kernels' scratch
+        buffers (live during their kernel only)."""
+        delta = np.zeros(len(self.plan.kernels) + 3, dtype=np.int64)
+        kernel, value, scale = self.plan.scratch
+        if len(kernel):
+            sizes = (value_bytes[value] * scale).astype(np.int64)
+            np.add.at(delta, kernel + 1, sizes)
+            np.add.at(delta, kernel + 2, -sizes)
+        return delta
+
+    def _peak_memory(self, collectives: CollectiveTable, value_bytes: np.ndarray) -> int:
+        peak = int(np.cumsum(self._live_delta(value_bytes[self.plan.buffers], collectives)
+                             + self._scratch_delta(value_bytes)).max())
         if self.donate:
             peak -= self._donated_bytes(value_bytes)
         return peak
@@ -400,3 +459,8 @@ class CostModel:
                 free[size] -= 1
                 saved += size
         return saved
+
+
+def _sequential_sum(values: np.ndarray) -> float:
+    """The sum of ``float64[n]`` added left to right (as a Python loop adds; ``np.sum`` pairs terms)."""
+    return float(np.cumsum(values)[-1]) if len(values) else 0.0

@@ -321,6 +321,16 @@ def _integer_scalar(attr: Any) -> int | None:
     return int(ir.IntegerAttr(dense.get_splat_value()).value)
 
 
+def _splat(attr: Any) -> str | None:
+    """The element every entry of a splat constant holds, as MLIR prints it with its type (``"0.000000e+00 :
+    bf16"``), else ``None``: equal splats broadcast to equal shapes are one value to XLA's CSE."""
+    try:
+        dense = ir.DenseElementsAttr(attr)
+    except (TypeError, ValueError):
+        return None
+    return str(dense.get_splat_value()) if dense.is_splat else None
+
+
 def decode_attribute(attr: Any) -> Any:
     """An MLIR attribute as plain Python (ints, strings, tuples, dicts); ``None`` if opaque."""
     _load_ir()
@@ -587,8 +597,11 @@ class _Reader:
             value = decode_attribute(attributes[name])
             if value is not None:
                 decoded.append((name, value))
-        if mlir_op.operation.name == "stablehlo.constant":
-            scalar = _integer_scalar(attributes["value"]) if "value" in attributes else None
+        if mlir_op.operation.name == "stablehlo.constant" and "value" in attributes:
+            scalar = _integer_scalar(attributes["value"])
             if scalar is not None:
                 decoded.append(("scalar", scalar))
+            splat = _splat(attributes["value"])
+            if splat is not None:
+                decoded.append(("splat", splat))
         return tuple(sorted(decoded, key=lambda kv: kv[0]))
