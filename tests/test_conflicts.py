@@ -148,7 +148,7 @@ def test_variants_switch_the_heuristics():
     assert bits["no_box"].stats["boxes"] == 0 and bits["default"].stats["boxes"] == 4
 
 
-@pytest.mark.parametrize("layers", [2, 6, 12])
+@pytest.mark.parametrize("layers", [2, 6, pytest.param(12, marks=pytest.mark.slow)])  # L=12: 16 s
 def test_gpt_resolution_bits_do_not_grow_with_layers(layers):
     """Recorded count: 1 bit at every L. Why: each layer's attention conflicts (scores,
     softmax, causal mask, in the forward pass and their uses in the backward pass, which

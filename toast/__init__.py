@@ -44,7 +44,10 @@ from toast.cost import Collective, Cost, CostModel, Hardware, InterconnectLevel,
 from toast.errors import EngineError, InputError, RuleError, ToastError
 from toast.frontend import Program, load_program, read_callable, read_file, read_text
 from toast.output import (
+    Strategy,
+    autoshard,
     dimension_graph_dot,
+    load_strategy,
     read_strategy,
     sharded_jit,
     sharded_module_text,
@@ -53,6 +56,7 @@ from toast.output import (
     summary,
     to_json,
 )
+from toast.search import ActionSpace, Phase, SearchSettings
 from toast.sharding import (
     STRATEGIES,
     Action,
@@ -71,6 +75,7 @@ from toast.xla import Agreement, validate
 __all__ = [
     "STRATEGIES",
     "Action",
+    "ActionSpace",
     "Agreement",
     "Analysis",
     "Box",
@@ -92,16 +97,20 @@ __all__ = [
     "InterconnectLevel",
     "InvalidState",
     "Mesh",
+    "Phase",
     "Program",
     "ResolutionGroup",
     "Roles",
     "RuleError",
+    "SearchSettings",
     "ShardingModel",
     "ShardingState",
     "Step",
+    "Strategy",
     "ToastError",
     "UnruledOp",
     "analyze",
+    "autoshard",
     "describe_name",
     "dimension_graph_dot",
     "explain",
@@ -110,6 +119,7 @@ __all__ = [
     "load_hardware",
     "load_program",
     "load_roles",
+    "load_strategy",
     "manual_strategy",
     "parse_mesh",
     "read_callable",

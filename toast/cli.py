@@ -100,6 +100,33 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "outputs may reuse their buffers")
     cost_parser.add_argument("--no-overlap", action="store_true", help="run collectives on the compute stream")
     cost_parser.add_argument("--json", metavar="FILE", help="write the estimate as JSON to FILE")
+    autoshard_parser = commands.add_parser("autoshard", help="search a sharding (MCTS over the analysis's actions, "
+                                           "guided by the cost model) and compare it with the manual strategies")
+    _add_analysis_options(autoshard_parser)
+    autoshard_parser.add_argument("--mesh", required=True, help="logical mesh, e.g. batch=4,model=2 or "
+                                  "data=2,seq=2,model=2")
+    autoshard_parser.add_argument("--hardware", default="a100_80gb", help="accelerator profile (hardware/NAME.toml) "
+                                  "or a TOML path")
+    autoshard_parser.add_argument("--memory", type=float, metavar="GiB", help="memory per device in GiB "
+                                  "(default: the profile's HBM)")
+    budget = autoshard_parser.add_mutually_exclusive_group()
+    budget.add_argument("--budget", type=float, metavar="SECONDS", help="stop searching after SECONDS")
+    budget.add_argument("--rollouts", type=int, metavar="N", help="stop after N rollouts (default 2000)")
+    autoshard_parser.add_argument("--seed", type=int, default=0, help="search seed (same seed, same strategy)")
+    autoshard_parser.add_argument("--workers", type=int, default=0, metavar="N", help="worker processes (default: "
+                                  "one per core; the result does not depend on it)")
+    autoshard_parser.add_argument("--pin", action="append", default=[], metavar="NAME=AXES,...",
+                                  help="keep an argument's sharding, e.g. 'tokens=batch,' (dim 0 on batch, dim 1 "
+                                  "whole; 'x=batch+model,' splits dim 0 over both); repeatable")
+    autoshard_parser.add_argument("--phase", action="append", default=[], metavar="AXES:GOAL",
+                                  help="search in phases, in order: the mesh axes a phase may use ('+'-separated) "
+                                  "and its goal, runtime or memory, e.g. --phase model:memory --phase batch:runtime "
+                                  "(PartIR's composite strategies); default: one phase, all axes, runtime")
+    autoshard_parser.add_argument("--roles", metavar="FILE", help="roles file for the manual strategies of the "
+                                  "comparison table (default: <module>.roles.toml beside the module)")
+    autoshard_parser.add_argument("-o", "--output", metavar="FILE", help="write the strategy JSON to FILE")
+    autoshard_parser.add_argument("--emit", metavar="FILE", help="write the StableHLO annotated with the "
+                                  "shardings to FILE")
     validate_parser = commands.add_parser("validate", help="compile and run a strategy with XLA on host CPU "
                                           "devices; compare collectives and memory with the predictions")
     _add_analysis_options(validate_parser)
@@ -152,6 +179,8 @@ def _run(options: argparse.Namespace) -> int:
         check_strategy(options.strategy, roles=roles, mesh=mesh)
     if options.command == "cost":
         cost_plan = _cost_plan(options)  # bad input fails before the analysis
+    if options.command == "autoshard":
+        autoshard_plan = _autoshard_plan(options)  # bad input fails before the analysis
     if options.command == "validate":
         from toast.cost.hardware import load_hardware
         from toast.output.strategy_file import read_strategy, strategy_mesh
@@ -184,6 +213,8 @@ def _run(options: argparse.Namespace) -> int:
         return _cost(options, analysis, *cost_plan)
     if options.command == "validate":
         return _validate(options, analysis, document, mesh, hardware)
+    if options.command == "autoshard":
+        return _autoshard(options, analysis, *autoshard_plan)
     if options.command == "graph":
         from toast.output.dimension_graph import dimension_graph_dot, render_svg
 
@@ -324,6 +355,117 @@ def _cost(options: argparse.Namespace, analysis, hardware, mesh, strategy, roles
         }
         write_outputs([Output("--json", Path(options.json), json_text(document_out))])
     return 0
+
+
+def _autoshard_plan(options: argparse.Namespace):
+    """``(mesh, hardware, settings, pins)`` of ``toast autoshard``, checked before the analysis."""
+    from toast.cost.hardware import load_hardware
+    from toast.search.actions import parse_pins
+    from toast.search.mcts import Phase, SearchSettings
+    from toast.sharding.mesh import parse_mesh
+
+    mesh = parse_mesh(options.mesh)
+    hardware = load_hardware(options.hardware)
+    if options.budget is not None and options.budget <= 0:
+        raise ToastError(f"--budget {options.budget:g}: give a positive number of seconds")
+    if options.rollouts is not None and options.rollouts <= 0:
+        raise ToastError(f"--rollouts {options.rollouts}: give a positive number of rollouts")
+    if options.memory is not None and options.memory <= 0:
+        raise ToastError(f"--memory {options.memory:g}: give the memory per device in GiB, more than 0")
+    if options.workers < 0:
+        raise ToastError(f"--workers {options.workers}: give 0 (one per core) or more")
+    pins: dict[str, tuple] = {}
+    for text in options.pin:
+        for name, entries in parse_pins(text).items():
+            for entry in entries:
+                for axis in (entry,) if isinstance(entry, str) else entry or ():
+                    mesh.index(axis)  # an unknown axis is named now
+            pins[name] = entries
+    phases = []
+    for text in options.phase:
+        axes_text, sep, goal = text.rpartition(":")
+        if not sep or goal not in ("runtime", "memory"):
+            raise ToastError(f"--phase {text}: expected AXES:GOAL with GOAL runtime or memory, e.g. model:memory")
+        axes = tuple(a for a in axes_text.split("+") if a)
+        for axis in axes:
+            mesh.index(axis)  # an unknown axis is named now
+        phases.append(Phase(axes, goal))
+    rollouts = options.rollouts if options.rollouts is not None else (None if options.budget is not None else 2000)
+    settings = SearchSettings(seed=options.seed, rollouts=rollouts, seconds=options.budget, workers=options.workers,
+                              phases=tuple(phases) or (Phase(),))
+    return mesh, hardware, settings, pins
+
+
+def _autoshard(options: argparse.Namespace, analysis, mesh, hardware, settings, pins) -> int:
+    from toast.cost.model import Cost
+    from toast.output.autoshard import compare_manual, find_strategy
+    from toast.output.files import Output, json_text, write_outputs
+    from toast.output.report import human_bytes, human_seconds
+    from toast.sharding.roles import roles_for_input
+
+    progress = _Progress(sys.stderr) if sys.stderr.isatty() else None
+    found = find_strategy(analysis, mesh, hardware, source=options.input, pinned=pins, settings=settings,
+                          memory_gib=options.memory, progress=progress)
+    if progress is not None:
+        progress.finish()
+    outputs = []
+    if options.output:
+        outputs.append(Output("-o", Path(options.output), json_text(found.document)))
+    if options.emit:
+        from toast.output.sharded_stablehlo import sharded_module_text
+
+        outputs.append(Output("--emit", Path(options.emit), sharded_module_text(found.model, found.result.state)))
+    write_outputs(outputs)
+    result = found.result
+    print(f"{analysis.program.name}: toast's strategy on mesh {mesh.spec()} ({hardware.name}, "
+          f"{human_bytes(found.device_memory)} per device): {len(result.actions)} actions from "
+          f"{len(found.space)} ({len(found.space.classes)} color classes), {result.rollouts} rollouts in "
+          f"{len(result.rounds)} rounds, {result.evaluations} states costed, {result.seconds:.1f} s, seed "
+          f"{settings.seed}")
+    for tensor in found.document["arguments"]:
+        if any(entry is not None for entry in tensor["partition_spec"]):
+            print(f"  {tensor['name']}: {tensor['partition_spec']}")
+    try:
+        roles = roles_for_input(options.input, roles_path=options.roles)
+    except ToastError:
+        roles = None
+    rows: list[tuple[str, Cost | None, bool, str]] = [("toast", result.cost, found.over_memory, "")]
+    if roles is not None:
+        rows += [(row.name, row.cost, row.over_memory, row.reason) for row in compare_manual(found, roles)]
+    print("| strategy | step time | peak per device | over memory | relative cost |")
+    print("|---|---|---|---|---|")
+    for name, cost, over, reason in rows:
+        if cost is None:
+            print(f"| {name} | - | - | - | does not apply: {reason} |")
+        else:
+            print(f"| {name} | {human_seconds(cost.step_time_s)} | {human_bytes(cost.peak_bytes)} | "
+                  f"{'yes' if over else 'no'} | {cost.relative:.3f} |")
+    if found.over_memory:
+        print(f"toast: error: no strategy found fits {human_bytes(found.device_memory)} per device (best: "
+              f"{human_bytes(result.cost.peak_bytes)}); the strategy file is flagged over_memory", file=sys.stderr)
+        return 3
+    return 0
+
+
+class _Progress:
+    """One self-rewriting line on a terminal: rounds, best step time, rollouts per second."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.rounds = 0
+
+    def __call__(self, round_result, rollouts: int, seconds: float) -> None:
+        from toast.output.report import human_seconds
+
+        self.rounds += 1
+        rate = rollouts / seconds if seconds > 0 else 0.0
+        self.stream.write(f"\rsearch: round {self.rounds}, best step {human_seconds(round_result.best_step_time_s)} "
+                          f"(relative {round_result.best_relative:.3f}), {rollouts} rollouts, {rate:.0f}/s   ")
+        self.stream.flush()
+
+    def finish(self) -> None:
+        self.stream.write("\n")
+        self.stream.flush()
 
 
 def _validate(options: argparse.Namespace, analysis, document, mesh, hardware) -> int:

@@ -29,8 +29,9 @@ from toast.sharding.state import Action, ShardingModel, ShardingState, spec_entr
 
 
 def strategy_json(model: ShardingModel, state: ShardingState, actions: Sequence[Any], cost: Cost, *,
-                  source: str, hardware: str, name: str, donate: Sequence[int] = ()) -> dict[str, Any]:
-    """The strategy document of ``state`` (deterministic order)."""
+                  source: str, hardware: str, name: str, donate: Sequence[int] = (),
+                  search: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The strategy document of ``state`` (deterministic order); ``search``: how ``toast autoshard`` found it."""
     program = model.analysis.program
 
     def tensor(value_id: int, dim_axes: Sequence[tuple[str, ...]]) -> dict[str, Any]:
@@ -53,6 +54,7 @@ def strategy_json(model: ShardingModel, state: ShardingState, actions: Sequence[
         "results": [tensor(v, model.result_axes(state, k)) for k, v in enumerate(program.results)],
         "collectives": [_collective_json(program, c) for c in cost.collectives],
         **({"donate": sorted(donate)} if donate else {}),
+        **({"search": search} if search is not None else {}),
         "cost": cost_json(cost),
     }
 

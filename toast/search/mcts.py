@@ -1,0 +1,434 @@
+"""Monte Carlo Tree Search over the action space (TOAST section 4.1), guided by the cost model.
+
+One **rollout** walks the tree from the round's root: UCT selection among tried actions, expansion of one
+untried action (or the stop action), then a random default policy (stop with probability
+``stop_probability`` at each step, at most ``max_depth`` actions in all), and evaluates the final state's
+cost ``C(s) = RT(s) + MP(s)`` (``CostModel.evaluate(...).relative``). Its reward ``-(C(s) + length_penalty *
+depth)`` prefers shorter trajectories among equally good ones; it is backed up along the tree path.
+
+States are nodes of a **transposition table** keyed by the sharding itself (``ShardingState.key``): any
+action order that reaches the same sharding is the same node, and no state is costed twice (a cost cache).
+
+A **round** runs ``rollouts_per_round`` rollouts split over ``lanes`` independent trees (root
+parallelism), each lane seeded from ``(seed, round, lane)``; the best trajectory over all lanes (lowest
+cost, then fewest actions, then lowest lane) is kept and the next round searches on from its state. The
+search stops early when ``patience`` rounds in a row fail to improve the best cost, or when the rollout or
+time budget is spent. Lanes run in worker processes that share nothing but their results, so the same seed
+gives the same strategy on any number of workers (with a rollout budget; a time budget cuts rounds where
+the clock says).
+
+**Phases** (the composite strategies of PartIR): a search may run in phases, each restricted to some mesh
+axes and optimizing ``runtime`` (``C(s)``) or ``memory`` (peak bytes relative to the unsharded peak, runtime
+breaking ties); each phase starts from the previous one's best state, with an equal share of the rollouts
+left.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from toast.cost.model import Cost, CostModel
+from toast.errors import ToastError
+from toast.search.actions import ActionSpace, SearchAction
+from toast.sharding.state import ShardingState
+
+STOP = -1
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    """One phase of a search: the mesh axes its actions may use (empty: all) and what it optimizes
+    (``"runtime"`` or ``"memory"``)."""
+
+    axes: tuple[str, ...] = ()
+    goal: str = "runtime"
+
+
+@dataclass(frozen=True, slots=True)
+class SearchSettings:
+    """How the search runs (keyword-only everywhere; recorded in strategy files).
+
+    Attributes:
+      seed: the random seed.
+      rollouts: total rollout budget (``None``: no limit; then ``seconds`` or convergence stops it).
+      seconds: wall-clock budget (``None``: no limit).
+      rollouts_per_round: rollouts per round, over all lanes.
+      lanes: independent trees per round (fixed, whatever the number of workers).
+      workers: worker processes (``0``: one per core, at most ``lanes``; ``1``: in this process).
+      max_depth: most actions in one trajectory (the paper's 30).
+      exploration: UCT's exploration constant.
+      stop_probability: chance that the default policy stops at each step.
+      length_penalty: reward subtracted per action (prefers shorter trajectories).
+      patience: rounds in a row without improvement before stopping.
+      min_names: actions touching fewer distinct dimension names are pruned (the paper's 10).
+      mirror_layers: mirror actions over repeated layers (section 4.4).
+      phases: the phases, in order (default: one over all axes, runtime).
+    """
+
+    seed: int = 0
+    rollouts: int | None = 2000
+    seconds: float | None = None
+    rollouts_per_round: int = 256
+    lanes: int = 8
+    workers: int = 0
+    max_depth: int = 30
+    exploration: float = 0.3
+    stop_probability: float = 0.2
+    length_penalty: float = 1e-3
+    patience: int = 2
+    min_names: int = 10
+    mirror_layers: bool = True
+    phases: tuple[Phase, ...] = (Phase(),)
+
+    def to_json(self) -> dict[str, Any]:
+        """The settings as JSON (for the strategy file's ``search`` section)."""
+        return {
+            "seed": self.seed, "rollouts": self.rollouts, "seconds": self.seconds,
+            "rollouts_per_round": self.rollouts_per_round, "lanes": self.lanes, "max_depth": self.max_depth,
+            "exploration": self.exploration, "stop_probability": self.stop_probability,
+            "length_penalty": self.length_penalty, "patience": self.patience, "min_names": self.min_names,
+            "mirror_layers": self.mirror_layers,
+            "phases": [{"axes": list(p.axes), "goal": p.goal} for p in self.phases],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class RoundResult:
+    """One round: its phase, the best cost after it, and the rollouts it ran."""
+
+    phase: int
+    best_relative: float
+    best_step_time_s: float
+    rollouts: int
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """What a search found.
+
+    Attributes:
+      state: the best sharding state.
+      actions: the actions that reach it from the (pinned) initial state, in order.
+      cost: its cost.
+      rounds: the best cost after each round.
+      rollouts: rollouts run.
+      evaluations: states costed (each process costs a state once; lanes in different processes may both
+        cost one).
+      seconds: wall-clock time of the search.
+      settings: the settings it ran with.
+    """
+
+    state: ShardingState
+    actions: tuple[SearchAction, ...]
+    cost: Cost
+    rounds: tuple[RoundResult, ...]
+    rollouts: int
+    evaluations: int
+    seconds: float
+    settings: SearchSettings
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class _LaneTask:
+    root: bytes  # the round's root masks
+    allowed: tuple[int, ...]  # action indices this phase may take
+    goal: str
+    seed: tuple[int, ...]
+    rollouts: int
+    deadline: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class _LaneResult:
+    score: float
+    actions: tuple[int, ...]
+    rollouts: int
+    evaluations: int  # states this lane costed that its process had not costed before
+
+
+class _Memo:
+    """What one process has learned about states, shared by its lanes (it only memoizes, so results do not
+    depend on it): each state once (keyed by its masks' bytes, one bytes object per state so its hash is
+    computed once), each transition ``(state, action) -> state or None`` once, each state's cost once. After
+    warm-up a rollout step is a dictionary lookup, whatever the program's size."""
+
+    def __init__(self, costs: CostModel, space: ActionSpace):
+        self.costs, self.space = costs, space
+        self.keys: dict[bytes, bytes] = {}
+        self.states: dict[bytes, ShardingState] = {}
+        self.transitions: dict[tuple[bytes, int], bytes | None] = {}
+        self.cache: dict[bytes, Cost] = {}
+        self.initial_peak = max(costs.evaluate(space.model.initial()).peak_bytes, 1)
+
+    def key(self, state: ShardingState) -> bytes:
+        """The state's canonical key (registering the state)."""
+        key = self.keys.setdefault(state.key(), state.key())
+        self.states.setdefault(key, state)
+        return key
+
+    def step(self, key: bytes, action: int) -> bytes | None:
+        """The key of the state after ``action``, ``None`` where it is invalid."""
+        found = self.transitions.get((key, action), b"")
+        if found != b"":
+            return found
+        following = self.space.apply(self.states[key], action)
+        result = None if following is None else self.key(following)
+        self.transitions[(key, action)] = result
+        return result
+
+    def cost_of(self, key: bytes) -> Cost:
+        found = self.cache.get(key)
+        if found is None:
+            found = self.cache[key] = self.costs.evaluate(self.states[key])
+        return found
+
+    def cost(self, state: ShardingState) -> Cost:
+        return self.cost_of(self.key(state))
+
+    def score(self, key: bytes, goal: str) -> float:
+        cost = self.cost_of(key)
+        if goal == "memory":
+            return cost.peak_bytes / self.initial_peak + 1e-3 * cost.relative
+        return cost.relative
+
+
+class _Edge:
+    __slots__ = ("action", "child", "visits", "total")
+
+    def __init__(self, action: int, child: bytes | None):
+        self.action = action
+        self.child = child  # the child state's key; None for the stop action
+        self.visits = 0
+        self.total = 0.0  # summed rewards
+
+
+class _Node:
+    __slots__ = ("untried", "edges", "visits")
+
+    def __init__(self, untried: list[int]):
+        self.untried = untried
+        self.edges: list[_Edge] = []
+        self.visits = 0
+
+
+def _run_lane(space: ActionSpace, memo: _Memo, settings: SearchSettings, task: _LaneTask) -> _LaneResult:
+    """One lane: ``task.rollouts`` rollouts on a fresh tree from ``task.root``; a pure function of its inputs
+    (``memo`` only memoizes)."""
+    rng = np.random.default_rng(list(task.seed))
+    root_key = memo.key(ShardingState(space.model.mesh, np.frombuffer(task.root, dtype=np.uint8).copy(), ()))
+    allowed = list(task.allowed)
+    nodes: dict[bytes, _Node] = {}
+
+    def node_for(key: bytes) -> _Node:
+        node = nodes.get(key)
+        if node is None:
+            order = [allowed[i] for i in rng.permutation(len(allowed))]
+            order.insert(int(rng.integers(0, len(order) + 1)), STOP)
+            node = nodes[key] = _Node(order)
+        return node
+
+    root = node_for(root_key)
+    best_score = memo.score(root_key, task.goal)
+    best_actions: tuple[int, ...] = ()
+    evaluated_before = len(memo.cache)
+    done = 0
+    for _ in range(task.rollouts):
+        if task.deadline is not None and time.monotonic() > task.deadline:
+            break
+        done += 1
+        node, key = root, root_key
+        path: list[tuple[_Node, _Edge]] = []
+        taken: list[int] = []
+        stopped = False
+        # Selection and expansion.
+        while len(taken) < settings.max_depth:
+            if node.untried:
+                action = node.untried.pop()
+                if action == STOP:
+                    edge = _Edge(STOP, None)
+                    node.edges.append(edge)
+                    path.append((node, edge))
+                    stopped = True
+                    break
+                child_key = memo.step(key, action)
+                if child_key is None:
+                    continue  # invalid here: dropped from this node
+                edge = _Edge(action, child_key)
+                node.edges.append(edge)
+                path.append((node, edge))
+                taken.append(action)
+                node, key = node_for(child_key), child_key
+                break
+            if not node.edges:
+                stopped = True
+                break
+            log_visits = math.log(max(node.visits, 1))
+            edge = max(node.edges, key=lambda e: e.total / e.visits
+                       + settings.exploration * math.sqrt(log_visits / e.visits))
+            path.append((node, edge))
+            if edge.child is None:
+                stopped = True
+                break
+            taken.append(edge.action)
+            node, key = nodes[edge.child], edge.child
+        # Default policy.
+        while not stopped and len(taken) < settings.max_depth and rng.random() >= settings.stop_probability:
+            for _attempt in range(8):
+                action = allowed[int(rng.integers(0, len(allowed)))] if allowed else STOP
+                following = memo.step(key, action) if action != STOP else None
+                if following is not None:
+                    key = following
+                    taken.append(action)
+                    break
+            else:
+                break
+        score = memo.score(key, task.goal)
+        reward = -(score + settings.length_penalty * len(taken))
+        for visited, edge in path:
+            visited.visits += 1
+            edge.visits += 1
+            edge.total += reward
+        if (score, len(taken)) < (best_score, len(best_actions)):
+            best_score, best_actions = score, tuple(taken)
+    return _LaneResult(best_score, best_actions, done, len(memo.cache) - evaluated_before)
+
+
+# Worker processes are forked with the space, memo and settings in this global (nothing is pickled, and a
+# user's script is not re-imported as spawned processes would); they send back only lane results.
+_WORKER: tuple[ActionSpace, _Memo, SearchSettings] | None = None
+
+
+def _worker_lane(task: _LaneTask) -> _LaneResult:
+    assert _WORKER is not None
+    space, memo, settings = _WORKER
+    return _run_lane(space, memo, settings, task)
+
+
+def _fork_pool(workers: int, context: tuple[ActionSpace, _Memo, SearchSettings]) -> Any:
+    """A pool of forked workers holding ``context``, or ``None`` where the platform cannot fork."""
+    import multiprocessing
+    import warnings
+
+    global _WORKER
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return None
+    _WORKER = context
+    with warnings.catch_warnings():
+        # JAX warns on any fork once it has started; the workers only run numpy on the cost model.
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return multiprocessing.get_context("fork").Pool(workers)
+
+
+DEFAULT_SETTINGS = SearchSettings()
+
+
+def search(space: ActionSpace, costs: CostModel, *, settings: SearchSettings = DEFAULT_SETTINGS,
+           progress: Callable[[RoundResult, int, float], None] | None = None) -> SearchResult:
+    """Search for the sharding with the lowest cost.
+
+    Args:
+      space: the action space (with its pinned initial state).
+      costs: the cost model (its ``device_memory`` and ``memory_penalty`` shape the reward).
+      settings: budget, seed and the search's constants.
+      progress: called after each round with ``(round, rollouts so far, seconds so far)``.
+
+    Raises:
+      ToastError: a budget of zero, or a phase naming an axis the mesh lacks.
+    """
+    if settings.rollouts is not None and settings.rollouts <= 0:
+        raise ToastError(f"a rollout budget of {settings.rollouts}: give at least 1")
+    if settings.seconds is not None and settings.seconds <= 0:
+        raise ToastError(f"a time budget of {settings.seconds:g} s: give more than 0 seconds")
+    if settings.lanes < 1 or settings.rollouts_per_round < 1:
+        raise ToastError("lanes and rollouts_per_round must be at least 1")
+    mesh_axes = [axis for axis, _ in space.model.mesh.axes]
+    for phase in settings.phases:
+        unknown = sorted(set(phase.axes) - set(mesh_axes))
+        if unknown:
+            raise ToastError(f"search phase names mesh axis '{unknown[0]}'; the mesh has {', '.join(mesh_axes)}")
+        if phase.goal not in ("runtime", "memory"):
+            raise ToastError(f"search phase goal '{phase.goal}': expected 'runtime' or 'memory'")
+    start = time.monotonic()
+    deadline = start + settings.seconds if settings.seconds is not None else None
+    memo = _Memo(costs, space)
+    workers = settings.workers or min(os.cpu_count() or 1, settings.lanes)
+    workers = max(1, min(workers, settings.lanes))
+    pool = _fork_pool(workers, (space, memo, settings)) if workers > 1 else None
+    try:
+        state = space.initial
+        trajectory: list[int] = []
+        rounds: list[RoundResult] = []
+        total_rollouts = 0
+        evaluations = 1
+        round_index = 0
+        for phase_index, phase in enumerate(settings.phases):
+            axes = set(phase.axes or mesh_axes)
+            allowed = tuple(i for i, a in enumerate(space.actions) if a.axis in axes)
+            best = memo.score(memo.key(state), phase.goal)
+            stale = 0
+            # The rollout budget left is shared by the phases left (an early-stopping phase leaves its rest).
+            phase_end = None if settings.rollouts is None else total_rollouts + (
+                settings.rollouts - total_rollouts) // (len(settings.phases) - phase_index)
+            while stale < settings.patience:
+                remaining = None if phase_end is None else phase_end - total_rollouts
+                if (remaining is not None and remaining <= 0) or (deadline is not None and time.monotonic() > deadline):
+                    break
+                per_round = settings.rollouts_per_round if remaining is None else min(remaining,
+                                                                                      settings.rollouts_per_round)
+                shares = [per_round // settings.lanes + (1 if lane < per_round % settings.lanes else 0)
+                          for lane in range(settings.lanes)]
+                tasks = [_LaneTask(state.masks.tobytes(), allowed, phase.goal, (settings.seed, round_index, lane),
+                                   share, deadline) for lane, share in enumerate(shares) if share]
+                if pool is not None:
+                    results = pool.map(_worker_lane, tasks, chunksize=1)
+                else:
+                    results = [_run_lane(space, memo, settings, task) for task in tasks]
+                round_index += 1
+                done = sum(r.rollouts for r in results)
+                total_rollouts += done
+                evaluations += sum(r.evaluations for r in results)
+                winner = min(results, key=lambda r: (r.score, len(r.actions)))
+                if winner.score < best - 1e-9:
+                    best = winner.score
+                    for action in winner.actions:
+                        following = space.apply(state, action)
+                        assert following is not None, "a lane's trajectory replays"
+                        state = following
+                    trajectory.extend(winner.actions)
+                    stale = 0
+                else:
+                    stale += 1
+                cost = memo.cost(state)
+                result = RoundResult(phase_index, cost.relative, cost.step_time_s, done)
+                rounds.append(result)
+                if progress is not None:
+                    progress(result, total_rollouts, time.monotonic() - start)
+                if done == 0:
+                    break
+    finally:
+        if pool is not None:
+            pool.close()
+            pool.join()
+    actions = tuple(space.actions[i] for i in trajectory)
+    final = ShardingState(state.mesh, state.masks, tuple(a for action in actions for a in action.as_actions()))
+    return SearchResult(final, actions, memo.cost(final), tuple(rounds), total_rollouts, evaluations,
+                        time.monotonic() - start, settings)
+
+
+def describe_actions(space: ActionSpace, actions: Sequence[SearchAction]) -> list[str]:
+    """Each action in words: the first color's size and the axis (for progress and reports)."""
+    model = space.model
+    words = []
+    for action in actions:
+        sizes = {int(model.name_size[model.names_of_color(c)[0]]) for c in action.colors}
+        words.append(f"colors {list(action.colors)[:3]}{'...' if len(action.colors) > 3 else ''} "
+                     f"(size {sorted(sizes)}) -> {action.axis}")
+    return words
