@@ -7,7 +7,8 @@ For each depth and profile: analyzes the GPT-2-small-sized step (D=768, 12 heads
 searches a strategy (default settings, one worker per core), and prints Markdown rows for BENCHMARKS.md:
 toast and every manual strategy with estimated step time, peak per device and whether it is over the memory
 limit, plus the search's wall-clock seconds, rollouts and states costed. ``--memory`` sets the limit (default:
-the profile's HBM); a limit below data parallelism's peak shows the memory side.
+the profile's HBM); a limit below data parallelism's peak shows the memory side. "setup s" builds the sharding
+model, the action space and the cost model (linear in the program); "search s" is the MCTS itself.
 """
 
 from __future__ import annotations
@@ -30,23 +31,24 @@ def main() -> None:
     parser.add_argument("--layers", type=int, nargs="+", default=[12])
     parser.add_argument("--mesh", default="batch=4,model=2")
     parser.add_argument("--hardware", nargs="+", default=["a100_80gb", "h100", "tpu_v3"])
-    parser.add_argument("--memory", type=float, nargs="+", default=[None], help="GiB per device (several: one "
-                        "row group each)")
+    parser.add_argument("--memory", nargs="+", default=["hbm"], help="GiB per device, or hbm for the profile's "
+                        "(several: one row group each)")
     parser.add_argument("--rollouts", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=0)
     options = parser.parse_args()
     print(f"machine: {platform.machine()} {os.cpu_count()} cores, python {platform.python_version()}; mesh "
           f"{options.mesh}; rollouts {options.rollouts}, seed {options.seed}")
-    print("| L | hardware | memory limit | strategy | step time | peak per device | over memory | search s | "
-          "rollouts | states costed |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| L | hardware | memory limit | strategy | step time | peak per device | over memory | setup s | search s "
+          "| rollouts | states costed |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     roles = roles_for_input("toast.examples.gpt:gpt_train_step")
     for layers in options.layers:
         fn, args = gpt_train_step(layers=layers)
         analysis = toast.analyze("gpt", fn=fn, args=args)
         for name in options.hardware:
             hardware = toast.load_hardware(name)
-            for memory in options.memory:
+            for memory_text in options.memory:
+                memory = None if memory_text == "hbm" else float(memory_text)
                 settings = SearchSettings(seed=options.seed, rollouts=options.rollouts)
                 start = time.perf_counter()
                 found = find_strategy(analysis, toast.parse_mesh(options.mesh), hardware, source="gpt",
@@ -56,12 +58,13 @@ def main() -> None:
                 result = found.result
                 print(f"| {layers} | {name} | {limit} | **toast** | {human_seconds(result.cost.step_time_s)} | "
                       f"{human_bytes(result.cost.peak_bytes)} | {'yes' if found.over_memory else 'no'} | "
-                      f"{seconds:.1f} | {result.rollouts} | {result.evaluations} |", flush=True)
+                      f"{seconds - result.seconds:.2f} | {result.seconds:.2f} | {result.rollouts} | "
+                      f"{result.evaluations} |", flush=True)
                 for row in compare_manual(found, roles):
                     if row.cost is None:
                         continue
                     print(f"| {layers} | {name} | {limit} | {row.name} | {human_seconds(row.cost.step_time_s)} | "
-                          f"{human_bytes(row.cost.peak_bytes)} | {'yes' if row.over_memory else 'no'} | | | |",
+                          f"{human_bytes(row.cost.peak_bytes)} | {'yes' if row.over_memory else 'no'} | | | | |",
                           flush=True)
 
 

@@ -166,7 +166,7 @@ class _Memo:
         self.states: dict[bytes, ShardingState] = {}
         self.transitions: dict[tuple[bytes, int], bytes | None] = {}
         self.cache: dict[bytes, Cost] = {}
-        self.initial_peak = max(costs.evaluate(space.model.initial()).peak_bytes, 1)
+        self.initial_peak = max(int(costs.initial[4]), 1)  # the unsharded program's peak, bytes
 
     def key(self, state: ShardingState) -> bytes:
         """The state's canonical key (registering the state)."""
