@@ -105,7 +105,7 @@ def test_pins_are_kept():
     specs = _specs(found)
     assert specs["tokens"] == [None, "model"]
     assert specs["targets"] == [None, "model"]  # the same colors as the tokens' dims
-    assert found.result.rollouts == FAST.rollouts  # it searched on from the pins
+    assert found.result.rollouts > 0  # it searched on from the pins
 
 
 def test_contradictory_pins_name_both():

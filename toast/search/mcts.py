@@ -82,7 +82,7 @@ class SearchSettings:
     exploration: float = 0.3
     stop_probability: float = 0.2
     length_penalty: float = 1e-3
-    patience: int = 2
+    patience: int = 1
     min_names: int = 10
     mirror_layers: bool = True
     phases: tuple[Phase, ...] = (Phase(),)
