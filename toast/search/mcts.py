@@ -28,8 +28,8 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -133,7 +133,6 @@ class SearchResult:
     evaluations: int
     seconds: float
     settings: SearchSettings
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -421,14 +420,3 @@ def search(space: ActionSpace, costs: CostModel, *, settings: SearchSettings = D
     final = ShardingState(state.mesh, state.masks, tuple(a for action in actions for a in action.as_actions()))
     return SearchResult(final, actions, memo.cost(final), tuple(rounds), total_rollouts, evaluations,
                         time.monotonic() - start, settings)
-
-
-def describe_actions(space: ActionSpace, actions: Sequence[SearchAction]) -> list[str]:
-    """Each action in words: the first color's size and the axis (for progress and reports)."""
-    model = space.model
-    words = []
-    for action in actions:
-        sizes = {int(model.name_size[model.names_of_color(c)[0]]) for c in action.colors}
-        words.append(f"colors {list(action.colors)[:3]}{'...' if len(action.colors) > 3 else ''} "
-                     f"(size {sorted(sizes)}) -> {action.axis}")
-    return words
