@@ -169,15 +169,15 @@ class _Memo:
 
     def key(self, state: ShardingState) -> bytes:
         """The state's canonical key (registering the state)."""
-        key = self.keys.setdefault(state.key(), state.key())
+        fresh = state.key()
+        key = self.keys.setdefault(fresh, fresh)
         self.states.setdefault(key, state)
         return key
 
     def step(self, key: bytes, action: int) -> bytes | None:
         """The key of the state after ``action``, ``None`` where it is invalid."""
-        found = self.transitions.get((key, action), b"")
-        if found != b"":
-            return found
+        if (key, action) in self.transitions:
+            return self.transitions[(key, action)]
         following = self.space.apply(self.states[key], action)
         result = None if following is None else self.key(following)
         self.transitions[(key, action)] = result
