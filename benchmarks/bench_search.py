@@ -1,14 +1,15 @@
 """The partitioner on the GPT-style training step: toast's strategy against the manual ones, and search time.
 
     python benchmarks/bench_search.py [--layers 6 12 24] [--mesh batch=4,model=2] [--hardware a100_80gb h100 tpu_v3]
-                                      [--memory GiB] [--rollouts 2000] [--seed 0]
+                                      [--memory GiB] [--rollouts 2000] [--seed 0] [--repeats 3]
 
 For each depth and profile: analyzes the GPT-2-small-sized step (D=768, 12 heads, vocab 50304, B=8, S=128),
 searches a strategy (default settings, one worker per core), and prints Markdown rows for BENCHMARKS.md:
 toast and every manual strategy with estimated step time, peak per device and whether it is over the memory
 limit, plus the search's wall-clock seconds, rollouts and states costed. ``--memory`` sets the limit (default:
 the profile's HBM); a limit below data parallelism's peak shows the memory side. "setup s" builds the sharding
-model, the action space and the cost model (linear in the program); "search s" is the MCTS itself.
+model, the action space and the cost model (linear in the program); "search s" is the MCTS itself. Both are
+medians of ``--repeats`` searches (each from scratch: new model, space, cost model and worker pool).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import statistics
 import time
 
 import toast
@@ -35,6 +37,8 @@ def main() -> None:
                         "(several: one row group each)")
     parser.add_argument("--rollouts", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=3, help="searches per row; the seconds are their medians "
+                        "(the strategy is the same every time)")
     options = parser.parse_args()
     print(f"machine: {platform.machine()} {os.cpu_count()} cores, python {platform.python_version()}; mesh "
           f"{options.mesh}; rollouts {options.rollouts}, seed {options.seed}")
@@ -50,15 +54,21 @@ def main() -> None:
             for memory_text in options.memory:
                 memory = None if memory_text == "hbm" else float(memory_text)
                 settings = SearchSettings(seed=options.seed, rollouts=options.rollouts)
-                start = time.perf_counter()
-                found = find_strategy(analysis, toast.parse_mesh(options.mesh), hardware, source="gpt",
-                                      settings=settings, memory_gib=memory)
-                seconds = time.perf_counter() - start
+                setups, searches, masks = [], [], set()
+                for _ in range(options.repeats):
+                    start = time.perf_counter()
+                    found = find_strategy(analysis, toast.parse_mesh(options.mesh), hardware, source="gpt",
+                                          settings=settings, memory_gib=memory)
+                    seconds = time.perf_counter() - start
+                    setups.append(seconds - found.result.seconds)
+                    searches.append(found.result.seconds)
+                    masks.add(found.result.state.masks.tobytes())
+                assert len(masks) == 1, "the same seed gave different strategies"
                 limit = human_bytes(found.device_memory)
                 result = found.result
                 print(f"| {layers} | {name} | {limit} | **toast** | {human_seconds(result.cost.step_time_s)} | "
                       f"{human_bytes(result.cost.peak_bytes)} | {'yes' if found.over_memory else 'no'} | "
-                      f"{seconds - result.seconds:.2f} | {result.seconds:.2f} | {result.rollouts} | "
+                      f"{statistics.median(setups):.2f} | {statistics.median(searches):.2f} | {result.rollouts} | "
                       f"{result.evaluations} |", flush=True)
                 for row in compare_manual(found, roles):
                     if row.cost is None:

@@ -82,8 +82,64 @@ def test_repeated_layers_share_one_action_space():
         model = ShardingModel(analysis, parse_mesh("a=2,b=2"))
         groups = argument_groups(model)
         assert max(len(g) for g in groups) >= layers  # e.g. every block's w_fc
-        spaces.append(len(ActionSpace(model)))
+        space = ActionSpace(model)
+        spaces.append((len(space), len(space.partition.first_name)))
+    # The same actions, and the same atoms: a state is as large, and a step as cheap, at any depth.
     assert spaces[0] == spaces[1]
+
+
+def _random_states(space, rng, *, walks=25, steps=6):
+    """States reached by random walks over the space's actions (atom masks)."""
+    states = []
+    for _ in range(walks):
+        atoms = space.initial_atoms
+        for index in rng.integers(0, len(space), size=steps).tolist():
+            following = space.step(atoms, int(index))
+            if following is not None:
+                atoms = following
+        states.append(atoms)
+    return states
+
+
+def test_costing_by_atoms_equals_costing_every_name():
+    """A search's states carry their atoms (``NamePartition``), and the cost model then computes bytes per
+    class of values and kernels. On random states of the GPT step, every number equals the cost of the same
+    masks without the partition (computed name by name), to the last bit."""
+    import numpy as np
+
+    analysis = analysis_of(GPT)
+    rng = np.random.default_rng(3)
+    for mesh in ("batch=2,model=4", "a=2,b=2,c=2"):
+        model = ShardingModel(analysis, parse_mesh(mesh))
+        space = ActionSpace(model, min_names=1)
+        costs = toast.CostModel(model, A100)
+        sharded = 0
+        for atoms in _random_states(space, rng):
+            by_atoms = space.state(atoms)
+            by_names = toast.ShardingState(model.mesh, by_atoms.masks.copy(), ())
+            assert by_atoms.partition is not None and by_names.partition is None
+            assert np.array_equal(costs.communication.value_bytes(by_atoms), costs.communication.value_bytes(by_names))
+            for ours, theirs in zip(costs.kernel_work(by_atoms), costs.kernel_work(by_names), strict=True):
+                assert np.array_equal(ours, theirs)
+            first, second = costs.evaluate(by_atoms), costs.evaluate(by_names)
+            assert (first.step_time_s, first.peak_bytes, first.relative, first.breakdown, first.collectives) == (
+                second.step_time_s, second.peak_bytes, second.relative, second.breakdown, second.collectives)
+            sharded += bool(by_atoms.masks.any())
+        assert sharded > 10
+
+
+def test_an_action_dropped_from_the_space_is_invalid_everywhere():
+    """Actions that put one axis on two dims of a tensor whatever the state (two of their own names in it)
+    are left out of the space; the full check rejects each of them, already in the initial state."""
+    model = ShardingModel(analysis_of(GPT), parse_mesh("batch=2,model=4"))
+    space = ActionSpace(model, min_names=1)
+    assert space.dropped
+    for action in space.dropped:
+        state = model.initial()
+        for single in action.as_actions():
+            state = model.apply(state, single, check=False)
+        assert "one mesh axis shards two of its dims" in model.problem(state)
+        assert action not in space.actions
 
 
 def test_same_seed_same_strategy_on_one_and_two_workers():

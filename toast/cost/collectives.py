@@ -30,7 +30,7 @@ import numpy as np
 
 from toast.errors import ToastError
 from toast.frontend.ir import TERMINATORS, Value
-from toast.sharding.state import ShardingModel, ShardingState
+from toast.sharding.state import NamePartition, ShardingModel, ShardingState
 
 
 def storage_bits(value: Value) -> int:
@@ -156,6 +156,26 @@ class CollectiveTable:
 _TABLE_FIELDS = tuple(field.name for field in fields(CollectiveTable))  # as Collective's, in its order
 
 
+@dataclass(frozen=True, slots=True)
+class ByteClasses:
+    """Values whose bytes per device are equal in every state built on one ``NamePartition``
+    (``CommunicationModel.byte_classes``): ranked classes first, then one class per scalar width.
+
+    Attributes:
+      value_class: ``int64[values]``, each value's class.
+      parts: ``int64[max rank, ranked classes]``, the part of each dim (-1 past the rank).
+      sizes: ``float64[max rank, ranked classes]``, each dim's size (1 past the rank).
+      bits: ``int64[ranked classes]``, storage bits per element.
+      scalar_bytes: ``int64[scalar classes]``, bytes of each scalar class.
+    """
+
+    value_class: np.ndarray
+    parts: np.ndarray
+    sizes: np.ndarray
+    bits: np.ndarray
+    scalar_bytes: np.ndarray
+
+
 class CommunicationModel:
     """Static structure for deriving collectives quickly (built once per analysis and mesh)."""
 
@@ -214,6 +234,7 @@ class CommunicationModel:
                 minor_first[mask, position] = 1 << mesh.index(axis)
         self._minor_first_axis = minor_first
         self._memo: dict[bytes, Collective] = {}  # a CollectiveTable row's bytes -> its Collective
+        self._byte_classes: tuple[NamePartition, ByteClasses] | None = None
 
     def _init_value_bytes(self, defs: int) -> None:
         """Static arrays of ``value_bytes``: definition-name sizes as floats, and each ranked value's
@@ -280,8 +301,54 @@ class CommunicationModel:
         self._max_use_rank = max(max_rank, 1)
         self._site_of_use = np.searchsorted(self.use_site_starts, np.arange(len(self.use_def)), side="right") - 1
 
+    def byte_classes(self, partition: NamePartition) -> ByteClasses:
+        """The values grouped by what their bytes depend on in states built on ``partition``: element width
+        and, per dim, size and part (values of repeated layers fall into one class). Kept for the last
+        partition asked for."""
+        cached = self._byte_classes
+        if cached is not None and cached[0] is partition:
+            return cached[1]
+        defs = self._defs
+        columns = self._dim_columns  # int64[max rank, ranked values], padded with ``defs``
+        parts = np.append(partition.part_of_name[:defs], -1)[columns]
+        sizes = np.append(self.model.name_size[:defs], 1)[columns]
+        key = np.concatenate([parts, sizes, self._ranked_bits[None, :]]).T
+        if len(key):
+            _, first, inverse = np.unique(key, axis=0, return_index=True, return_inverse=True)
+        else:
+            first = inverse = np.zeros(0, dtype=np.int64)
+        scalars = np.ones(len(self._scalar_bytes), dtype=bool)
+        scalars[self._ranked_values] = False
+        scalar_bytes, scalar_inverse = np.unique(self._scalar_bytes[scalars], return_inverse=True)
+        value_class = np.empty(len(self._scalar_bytes), dtype=np.int64)
+        value_class[self._ranked_values] = inverse.ravel()
+        value_class[scalars] = len(first) + scalar_inverse.ravel()
+        classes = ByteClasses(value_class=value_class, parts=parts[:, first], sizes=sizes[:, first].astype(np.float64),
+                              bits=self._ranked_bits[first], scalar_bytes=scalar_bytes)
+        self._byte_classes = (partition, classes)
+        return classes
+
+    def class_bytes(self, state: ShardingState) -> np.ndarray:
+        """``int64[classes]``: bytes per device of each of ``byte_classes(state.partition)``'s classes (the
+        state must have a partition)."""
+        assert state.partition is not None
+        classes = self.byte_classes(state.partition)
+        # The parts' masks; index -1 (padding) holds 0: one device, a local size of 1.
+        part_masks = np.append(state.masks[state.partition.first_name], np.uint8(0))
+        local = np.floor(classes.sizes / self._devices_float.take(part_masks.take(classes.parts))).astype(np.int64)
+        if len(local):
+            elements = local[0].copy()
+            for row in local[1:]:
+                elements *= row
+            ranked = (elements * classes.bits + 7) >> 3
+        else:
+            ranked = np.zeros(0, dtype=np.int64)
+        return np.concatenate((ranked, classes.scalar_bytes))
+
     def value_bytes(self, state: ShardingState) -> np.ndarray:
         """``int64[values]``: bytes per device of every value's definition under ``state``."""
+        if state.partition is not None:
+            return self.class_bytes(state).take(self.byte_classes(state.partition).value_class)
         defs = self._defs
         # Local sizes: floor(size / devices) is exact in float64 (sizes below 2**53); index ``defs`` holds 1.
         local = np.ones(defs + 1, dtype=np.int64)

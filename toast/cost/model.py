@@ -41,7 +41,7 @@ from toast.cost.collectives import ALL_GATHER, ALL_REDUCE, Collective, Collectiv
 from toast.cost.hardware import Hardware, InterconnectLevel, axis_levels
 from toast.cost.kernels import KernelPlan
 from toast.errors import ToastError
-from toast.sharding.state import ShardingModel, ShardingState
+from toast.sharding.state import NamePartition, ShardingModel, ShardingState
 
 BREAKDOWN_KEYS = ("compute_bound_s", "memory_bound_s", "launch_overhead_s", "exposed_communication_s",
                   "hidden_communication_s")
@@ -199,15 +199,17 @@ class CostModel:
         self.buffer_dies = plan.buffer_dies + 2
         self.kernel_position_of_op = np.where(kernel_of_op >= 0, kernel_of_op,
                                               np.minimum(next_kernel, max(kernel_count - 1, 0)))
+        self._kernel_class_cache: tuple[NamePartition, tuple[np.ndarray, np.ndarray]] | None = None
         self.initial = self._absolute(model.initial())
 
     def _producer_item(self, value_id: int) -> int:
         p = self.model.analysis.program.producer[value_id]
         return int(self.item_of_op[p]) if p >= 0 else -1
 
-    def evaluate(self, state: ShardingState) -> Cost:
-        """The cost of ``state``, relative to the unsharded program."""
-        absolute = self._absolute(state)
+    def evaluate(self, state: ShardingState, *, collectives: bool = True) -> Cost:
+        """The cost of ``state``, relative to the unsharded program; ``collectives=False`` leaves
+        ``Cost.collectives`` empty (a search needs only the numbers, and listing them costs time)."""
+        absolute = self._absolute(state, collectives=collectives)
         initial_time, initial_peak = self.initial[0], self.initial[4]
         step, peak = absolute[0], absolute[4]
         relative = step / initial_time if initial_time > 0 else 1.0
@@ -251,47 +253,99 @@ class CostModel:
         seconds = np.where(table.kind == ALL_REDUCE, 2 * seconds, seconds)
         return np.where(n > 1, seconds, 0.0)
 
-    def kernel_work(self, state: ShardingState, value_bytes: np.ndarray | None = None,
-                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def kernel_work(self, state: ShardingState, value_bytes: np.ndarray | None = None, *,
+                    class_bytes: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per kernel (one launch): ``(FLOPs over the peak of their type, bytes moved, atomic-update
         seconds)``; the first in seconds at 100% of peak, the second in bytes."""
         plan = self.plan
         kernel_count = len(plan.kernels)
         if value_bytes is None:
             value_bytes = self.communication.value_bytes(state)
-        value_bytes = value_bytes.astype(np.float64)
-        read_kernel, _, read_weight = plan.reads
-        write_kernel, _, write_weight = plan.writes
-        scratch_kernel, scratch_value, scratch_scale = plan.scratch
-        moved = (np.bincount(read_kernel, weights=value_bytes[read_weight], minlength=kernel_count)
-                 + np.bincount(write_kernel, weights=value_bytes[write_weight], minlength=kernel_count)
-                 + np.bincount(scratch_kernel, weights=2.0 * value_bytes[scratch_value] * scratch_scale,
-                               minlength=kernel_count))  # scratch: written, then read back
-        at_peak = np.zeros(kernel_count, dtype=np.float64)
+        if state.partition is not None:
+            # Per class of kernels that move alike (repeated layers' kernels are one class); the sums are of
+            # whole bytes (halves at most), so exact in any order.
+            kernel_class, class_moves = self._kernel_classes(state.partition)
+            if class_bytes is None:
+                class_bytes = self.communication.class_bytes(state)
+            moved = (class_moves @ class_bytes.astype(np.float64)).take(kernel_class)
+        else:
+            bytes_of = value_bytes.astype(np.float64)
+            read_kernel, _, read_weight = plan.reads
+            write_kernel, _, write_weight = plan.writes
+            scratch_kernel, scratch_value, scratch_scale = plan.scratch
+            moved = (np.bincount(read_kernel, weights=bytes_of[read_weight], minlength=kernel_count)
+                     + np.bincount(write_kernel, weights=bytes_of[write_weight], minlength=kernel_count)
+                     + np.bincount(scratch_kernel, weights=2.0 * bytes_of[scratch_value] * scratch_scale,
+                                   minlength=kernel_count))  # scratch: written, then read back
+        # bincount adds each bin's terms in order, as a loop (and np.add.at) would.
+        at_peak: np.ndarray = np.zeros(kernel_count, dtype=np.float64)
         if len(self.flop_names):
             devices = self.model.devices_of_mask[state.masks[self.flop_names]]
             local = (self.model.name_size[self.flop_names] // devices).astype(np.float64)
             flops = 2.0 * np.multiply.reduceat(local, self.flop_starts)
-            np.add.at(at_peak, self.matmul_kernels, flops / self.flop_peaks)
-        atomics = np.zeros(kernel_count, dtype=np.float64)
+            at_peak = np.bincount(self.matmul_kernels, weights=flops / self.flop_peaks, minlength=kernel_count)
+        atomics: np.ndarray = np.zeros(kernel_count, dtype=np.float64)
         if len(self.scatter_values):
             elements = value_bytes[self.scatter_values] * 8 / np.maximum(
                 self.communication.element_bits[self.scatter_values], 1)
-            np.add.at(atomics, self.scatter_kernels, elements / self.scatter_rates)
+            atomics = np.bincount(self.scatter_kernels, weights=elements / self.scatter_rates, minlength=kernel_count)
         return at_peak, moved, atomics
 
-    def kernel_times(self, state: ShardingState, value_bytes: np.ndarray | None = None,
-                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def prepare(self, partition: NamePartition) -> None:
+        """Build the per-class arrays for states on ``partition`` now (linear in the program; otherwise the
+        first such state builds them): a search calls this before its workers fork, so they share them."""
+        self._kernel_classes(partition)
+
+    def _kernel_classes(self, partition: NamePartition) -> tuple[np.ndarray, np.ndarray]:
+        """Kernels grouped by the bytes they move in states built on ``partition``: ``(int64[kernels], each
+        kernel's class; float64[kernel classes, byte classes], how many of each byte class (``CommunicationModel.
+        byte_classes``) a kernel of the class moves)``. Kept for the last partition asked for."""
+        cached = self._kernel_class_cache
+        if cached is not None and cached[0] is partition:
+            return cached[1]
+        plan = self.plan
+        value_class = self.communication.byte_classes(partition).value_class
+        class_count = int(value_class.max()) + 1 if len(value_class) else 0
+        read_kernel, _, read_value = plan.reads
+        write_kernel, _, write_value = plan.writes
+        scratch_kernel, scratch_value, scratch_scale = plan.scratch
+        kernels = np.concatenate((read_kernel, write_kernel, scratch_kernel)).astype(np.int64)
+        classes = value_class[np.concatenate((read_value, write_value, scratch_value)).astype(np.int64)]
+        weights = np.concatenate((np.ones(len(read_kernel) + len(write_kernel)), 2.0 * scratch_scale))
+        cells, inverse = np.unique(kernels * class_count + classes, return_inverse=True)
+        sums = np.bincount(inverse.ravel(), weights=weights, minlength=len(cells))
+        cell_kernel, cell_class = cells // max(class_count, 1), cells % max(class_count, 1)
+        bounds = np.searchsorted(cell_kernel, np.arange(len(plan.kernels) + 1))
+        kernel_class = np.empty(len(plan.kernels), dtype=np.int64)
+        rows: dict[tuple, int] = {}
+        classes_list, sums_list = cell_class.tolist(), sums.tolist()
+        for k in range(len(plan.kernels)):
+            start, end = int(bounds[k]), int(bounds[k + 1])
+            key = (tuple(classes_list[start:end]), tuple(sums_list[start:end]))
+            kernel_class[k] = rows.setdefault(key, len(rows))
+        class_moves = np.zeros((len(rows), class_count), dtype=np.float64)
+        for (row_classes, row_sums), index in rows.items():
+            class_moves[index, list(row_classes)] = row_sums
+        self._kernel_class_cache = (partition, (kernel_class, class_moves))
+        return kernel_class, class_moves
+
+    def kernel_times(self, state: ShardingState, value_bytes: np.ndarray | None = None, *,
+                     class_bytes: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per kernel (one launch): ``(seconds, seconds bound by FLOPs or atomics, seconds bound by bytes)``;
         seconds = the larger bound + the kernel's overhead."""
-        at_peak, moved, atomics = self.kernel_work(state, value_bytes)
+        at_peak, moved, atomics = self.kernel_work(state, value_bytes, class_bytes=class_bytes)
         compute_time = at_peak / self.hardware.matmul_efficiency + atomics
         memory_time = moved / self.bandwidth
         return np.maximum(compute_time, memory_time) + self.overhead, compute_time, memory_time
 
-    def _absolute(self, state: ShardingState):
-        value_bytes = self.communication.value_bytes(state)
-        seconds, compute_time, memory_time = self.kernel_times(state, value_bytes)
+    def _absolute(self, state: ShardingState, *, collectives: bool = True):
+        class_bytes = None
+        if state.partition is not None:  # bytes per class of values, computed once for kernels and values
+            class_bytes = self.communication.class_bytes(state)
+            value_bytes = class_bytes.take(self.communication.byte_classes(state.partition).value_class)
+        else:
+            value_bytes = self.communication.value_bytes(state)
+        seconds, compute_time, memory_time = self.kernel_times(state, value_bytes, class_bytes=class_bytes)
         repeats = self.repeats
         compute_bound = compute_time >= memory_time
         busy_compute = float((np.where(compute_bound, compute_time, 0.0) * repeats).sum())
@@ -332,7 +386,8 @@ class CostModel:
             "hidden_communication_s": max(0.0, total_comm - exposed) if total_comm - exposed > 1e-12 * step else 0.0,
         }
         peak = self._peak_memory(table, value_bytes)
-        return step, compute_busy - in_loops, breakdown, communication, peak, self.communication.to_list(table)
+        listed = self.communication.to_list(table) if collectives else []
+        return step, compute_busy - in_loops, breakdown, communication, peak, listed
 
     def _communication_by_axes(self, axes_mask: np.ndarray, seconds: np.ndarray) -> dict[str, float]:
         """Seconds per mesh axis set (``"batch+model"``), the sets in order of first appearance, each sum
@@ -366,30 +421,32 @@ class CostModel:
         if not len(duration):
             return total
         order = np.lexsort((duration, ready, consumer))
+        consumer, ready, duration = consumer[order], ready[order], duration[order]
+        # Collectives with one consumer and one ready item run back to back as one: the stream starts the
+        # first at the same time either way, and the consumer waits for the last.
+        first = np.flatnonzero(np.concatenate(([True], (consumer[1:] != consumer[:-1]) | (ready[1:] != ready[:-1]))))
+        if len(first) < len(duration):
+            consumer, ready, duration = consumer[first], ready[first], np.add.reduceat(duration, first)
         # Items counted from 1 (0: before the first item, when arguments are ready).
-        consumer, ready = consumer[order] + 1, ready[order] + 1
+        consumer, ready = consumer + 1, ready + 1
         made_at = starts[ready]  # before any wait of the compute stream
         # When the consumer starts without waits; never waits (inf) if it makes the operand too (a loop).
         needed_at = np.where(ready < consumer, starts[np.minimum(consumer - 1, len(item_time))], np.inf)
-        # The compute stream's cumulative wait before item i for i < waited_to (a list, as it grows while the
-        # loop reads it); ``delay`` from item waited_to on.
-        wait_before: list[float] = []
-        waited_to = 0
+        # The compute stream's wait before an item is the delay after the last collective consumed at or before
+        # it: row ``known[i] - 1`` (rows sorted by consumer; at most the rows before i, a loop's own included).
+        known = np.minimum(np.searchsorted(consumer, ready, side="right"), np.arange(len(consumer)))
+        delay_after = [0.0]  # the compute stream's delay after each row (index 0: before the first)
         delay = 0.0
         comm_free = 0.0
-        for item, ready_item, ready_time, needed, seconds in zip(
-                consumer.tolist(), ready.tolist(), made_at.tolist(), needed_at.tolist(), duration[order].tolist(),
-                strict=True):
-            ready_time += wait_before[ready_item] if ready_item < waited_to else delay
+        for row_known, ready_time, needed, seconds in zip(
+                known.tolist(), made_at.tolist(), needed_at.tolist(), duration.tolist(), strict=True):
+            ready_time += delay_after[row_known]
             if ready_time > comm_free:
                 comm_free = ready_time
             comm_free += seconds
-            consumer_start = needed + delay
-            if comm_free > consumer_start:
-                if item > waited_to:
-                    wait_before += [delay] * (item - waited_to)
-                    waited_to = item
-                delay += comm_free - consumer_start
+            if comm_free - needed > delay:  # the consumer waits for it
+                delay = comm_free - needed
+            delay_after.append(delay)
         return max(total + delay, comm_free)
 
     def live_at_peak(self, state: ShardingState, *, top: int = 5) -> list[LiveBuffer]:
@@ -413,26 +470,27 @@ class CostModel:
         """Bytes allocated (+) and freed (-) at each position (kernel index + 1; 0 before the first): every
         buffer over its live range, and every value resharded for its uses (gathered parameters, Figure 5b's
         k) as a second copy from its first such use to its last."""
-        delta = np.zeros(len(self.plan.kernels) + 3, dtype=np.int64)
-        np.add.at(delta, self.buffer_born, sizes)
-        np.add.at(delta, self.buffer_dies, -sizes)
+        positions = len(self.plan.kernels) + 3
         uses = collectives.operand >= 0
         used_by, copy_bytes = collectives.op[uses], collectives.bytes_out[uses]
         last_user = np.maximum(collectives.last_op[uses], used_by)
-        np.add.at(delta, self.kernel_position_of_op[used_by] + 1, copy_bytes)
-        np.subtract.at(delta, self.kernel_position_of_op[last_user] + 2, copy_bytes)
-        return delta
+        # Sums of whole bytes (below 2**53) in float64: exact, as int64 sums would be.
+        delta = (np.bincount(self.buffer_born, weights=sizes, minlength=positions)
+                 - np.bincount(self.buffer_dies, weights=sizes, minlength=positions)
+                 + np.bincount(self.kernel_position_of_op[used_by] + 1, weights=copy_bytes, minlength=positions)
+                 - np.bincount(self.kernel_position_of_op[last_user] + 2, weights=copy_bytes, minlength=positions))
+        return delta.astype(np.int64)
 
     def _scratch_delta(self, value_bytes: np.ndarray) -> np.ndarray:
         """Bytes allocated (+) and freed (-) at each position, as ``_live_delta``, by the kernels' scratch
         buffers (live during their kernel only)."""
-        delta = np.zeros(len(self.plan.kernels) + 3, dtype=np.int64)
+        positions = len(self.plan.kernels) + 3
         kernel, value, scale = self.plan.scratch
-        if len(kernel):
-            sizes = (value_bytes[value] * scale).astype(np.int64)
-            np.add.at(delta, kernel + 1, sizes)
-            np.add.at(delta, kernel + 2, -sizes)
-        return delta
+        if not len(kernel):
+            return np.zeros(positions, dtype=np.int64)
+        sizes = (value_bytes[value] * scale).astype(np.int64)
+        return (np.bincount(kernel + 1, weights=sizes, minlength=positions)
+                - np.bincount(kernel + 2, weights=sizes, minlength=positions)).astype(np.int64)
 
     def _peak_memory(self, collectives: CollectiveTable, value_bytes: np.ndarray) -> int:
         peak = int(np.cumsum(self._live_delta(value_bytes[self.plan.buffers], collectives)

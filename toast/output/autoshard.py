@@ -147,6 +147,7 @@ def find_strategy(analysis, mesh: Mesh, hardware: Hardware, *, source: str,
     model = ShardingModel(analysis, mesh)
     space = ActionSpace(model, min_names=settings.min_names, mirror_layers=settings.mirror_layers, pinned=pinned)
     costs = CostModel(model, hardware, device_memory=device_memory)
+    costs.prepare(space.partition)
     result = search(space, costs, settings=settings, progress=progress)
     from toast.output.strategy_file import strategy_json
 

@@ -15,9 +15,14 @@ axis, except, in each conflict, the endpoint the resolution bits do not pick (``
   their dims (unit dims of broadcasts and reshapes): never valid.
 - **Resolution orders.** Only the resolution bits of the class's own conflicts vary; the others stay 0, so
   no two actions are the same decision.
-- **Validity** depends on the state and is checked when an action is taken (``ActionSpace.apply``): an action
-  that changes nothing, shards a tensor twice along one axis, splits a dim (or a reshape factor) its axis
-  does not divide, or changes a pinned argument is invalid there.
+- **Atoms.** Names that start alike (mask, pin) and that the same actions shard have one mask in every state
+  the search reaches; the search keeps a state as its atoms' masks (``NamePartition``). Mirrored layers'
+  names share atoms, so a GPT step has as many atoms at 24 layers as at 6 (ten at batch=4,model=2), and so
+  do a step's work and a state's key. The cost model reads the partition too (bytes per class of values).
+- **Validity** depends on the state and is checked when an action is taken (``ActionSpace.step``): an action
+  that changes nothing, shards a tensor twice along one axis (one of its atoms and another atom of that
+  tensor), or splits a dim (or a reshape factor) its axis does not divide is invalid there. Actions invalid in
+  every state (two of their own names in one tensor, or changing a pinned argument) are dropped up front.
 
 Pins (``pinned``) are argument shardings the search must keep: they form the initial state, and a pin that
 contradicts the program's colors (two pins giving one color different axes) is an error naming both.
@@ -32,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from toast.errors import ToastError
-from toast.sharding.state import POPCOUNT, Action, InvalidState, ShardingModel, ShardingState
+from toast.sharding.state import Action, InvalidState, NamePartition, ShardingModel, ShardingState
 
 # More resolution bits than this on one class: only all-0 and all-1 orders are offered (2^bits would explode).
 MAX_ENUMERATED_BITS = 4
@@ -210,69 +215,129 @@ class ActionSpace:
                     actions.append(SearchAction(tuple(colors), axis, tuple(resolution)))
                     names_of.append(selected)
                     bits.append(1 << axis_index)
-        self.actions = tuple(actions)
-        self._names = names_of
-        self._bits = np.asarray(bits, dtype=np.uint8)
-        self._checks = self._incremental_checks()
         self.pin_names, self.pin_masks = self._pins(pinned or {})
         self.initial = self._pinned_state()
+        self._build_atoms(actions, names_of, bits)
 
-    def _incremental_checks(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        """Per action, what can turn invalid when it is taken in a valid state: ``(names of the sites it
-        touches, where each site starts in them, the positions of its names among the reshape factors)``."""
+    def _build_atoms(self, actions: list[SearchAction], names_of: list[np.ndarray], bits: list[int]) -> None:
+        """Group the dimension names into **atoms**: names that start alike (mask, pin) and that the same
+        actions shard. In every state the search reaches, an atom's names have one mask, so a state is its
+        atoms' masks (``uint8[atoms]``), and taking an action reads and writes only its atoms: as many at 24
+        layers as at 6, since mirrored layers' names fall into the same atoms. Also drops the actions that are
+        invalid in every state (two of their names in one tensor, or a pinned name they would change)."""
         model = self.model
         count = len(model.name_size)
-        starts = model.site_starts
-        ends = np.append(starts[1:], count) if len(starts) else starts
-        site_of = np.searchsorted(starts, np.arange(count), side="right") - 1
-        by_names: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-        checks = []
-        for names in self._names:
-            found = by_names.get(id(names))
-            if found is None:
-                sites = np.unique(site_of[names])
-                sites = sites[sites >= 0]
-                lengths = ends[sites] - starts[sites]
-                offsets = np.concatenate(([0], np.cumsum(lengths)[:-1])) if len(sites) else lengths
-                site_names = np.repeat(starts[sites] - offsets, lengths) + np.arange(int(lengths.sum()))
-                factors = np.flatnonzero(np.isin(model.factor_names, names))
-                found = by_names[id(names)] = (site_names, offsets, factors)
-            checks.append(found)
-        return checks
+        pinned = np.zeros(count, dtype=np.int64)
+        pinned[self.pin_names] = self.pin_masks.astype(np.int64) + 1
+        atom = np.unique(self.initial.masks.astype(np.int64) * 257 + pinned, return_inverse=True)[1].ravel()
+        refined: set[int] = set()
+        for names in names_of:  # partition refinement, once per distinct name set
+            if id(names) in refined:
+                continue
+            refined.add(id(names))
+            inside = np.unique(atom[names], return_inverse=True)[1].ravel()
+            atom[names] = int(atom.max()) + 1 + inside
+        _, first, atom = np.unique(atom, return_index=True, return_inverse=True)
+        atom = atom.ravel()
+        # Renumber atoms by their first name, so the numbering is the names' order.
+        order = np.argsort(first, kind="stable")
+        rank = np.empty_like(order)
+        rank[order] = np.arange(len(order))
+        self.partition = NamePartition(rank[atom], first[order])
+        atom_of_name = self.partition.part_of_name
+        atom_count = len(order)
+        # What an atom's mask must divide: every name's size and every reshape factor through it.
+        divisor = model.name_size.copy()
+        if len(model.factor_names):
+            divisor[model.factor_names] = np.gcd(divisor[model.factor_names], model.factor_sizes)
+        by_atom = np.argsort(atom_of_name, kind="stable")
+        starts = np.searchsorted(atom_of_name[by_atom], np.arange(atom_count))
+        self._atom_divisor = np.gcd.reduceat(divisor[by_atom], starts) if atom_count else divisor[:0]
+        # Atoms that share a tensor (site): at most one of them may carry an axis. An atom twice in one tensor
+        # may carry none.
+        starts_of_site = model.site_starts
+        site_of = np.searchsorted(starts_of_site, np.arange(count), side="right") - 1
+        pairs = []
+        for offset in range(1, count):
+            same = site_of[offset:] == site_of[:-offset]
+            same &= site_of[offset:] >= 0
+            if not same.any():
+                break
+            first_atoms = atom_of_name[:-offset][same]
+            second_atoms = atom_of_name[offset:][same]
+            pairs.append(np.stack([first_atoms, second_atoms], axis=1))
+        pairs_array = np.unique(np.concatenate(pairs), axis=0) if pairs else np.zeros((0, 2), dtype=np.int64)
+        twice_in_a_tensor = set(pairs_array[pairs_array[:, 0] == pairs_array[:, 1], 0].tolist())
+        pairs_array = pairs_array[pairs_array[:, 0] != pairs_array[:, 1]]
+        both_ways = np.unique(np.concatenate([pairs_array, pairs_array[:, ::-1]]), axis=0)
+        neighbour_starts = np.searchsorted(both_ways[:, 0], np.arange(atom_count + 1))
+        pin_of_atom = pinned[self.partition.first_name]  # 0: not pinned, else the pinned mask + 1
+        kept_actions: list[SearchAction] = []
+        self._atoms_of: list[np.ndarray] = []
+        self._neighbours: list[np.ndarray] = []
+        kept_bits: list[int] = []
+        self.dropped: tuple[SearchAction, ...] = ()
+        dropped: list[SearchAction] = []
+        for action, names, bit in zip(actions, names_of, bits, strict=True):
+            atoms = np.unique(atom_of_name[names])
+            neighbours = np.unique(np.concatenate(
+                [both_ways[neighbour_starts[a]:neighbour_starts[a + 1], 1] for a in atoms.tolist()]
+                + [np.zeros(0, dtype=np.int64)]))
+            pins = pin_of_atom[atoms]
+            if (twice_in_a_tensor.intersection(atoms.tolist()) or np.isin(neighbours, atoms).any()
+                    or np.any((pins > 0) & (((pins - 1) & bit) == 0))):
+                dropped.append(action)
+                continue
+            kept_actions.append(action)
+            self._atoms_of.append(atoms)
+            self._neighbours.append(neighbours)
+            kept_bits.append(bit)
+        self.actions = tuple(kept_actions)
+        self.dropped = tuple(dropped)
+        self._bits = np.asarray(kept_bits, dtype=np.uint8)
+        self.initial_atoms = self.initial.masks[self.partition.first_name]
 
     def __len__(self) -> int:
         return len(self.actions)
 
     def names(self, index: int) -> np.ndarray:
         """The dimension names action ``index`` shards (``int64``, ascending)."""
-        return self._names[index]
+        return np.flatnonzero(np.isin(self.partition.part_of_name, self._atoms_of[index]))
+
+    def step(self, atom_masks: np.ndarray, index: int) -> np.ndarray | None:
+        """The atoms' masks after action ``index``, or ``None`` where it is invalid there (``atom_masks``: a
+        valid state's, ``uint8[atoms]``). Reads and writes only the action's atoms and their neighbours."""
+        atoms, bit = self._atoms_of[index], self._bits[index]
+        before = atom_masks[atoms]
+        after = before | bit
+        if np.array_equal(before, after):
+            return None  # changes nothing
+        neighbours = self._neighbours[index]
+        if len(neighbours) and np.any(atom_masks[neighbours] & bit):
+            return None  # one axis on two dims of a tensor
+        if np.any(self._atom_divisor[atoms] % self.model.devices_of_mask[after]):
+            return None  # a dim or reshape factor the axes do not divide
+        following = atom_masks.copy()
+        following[atoms] = after
+        return following
+
+    def state(self, atom_masks: np.ndarray, actions: tuple[Action, ...] = ()) -> ShardingState:
+        """The sharding state of atom masks (every name takes its atom's mask)."""
+        return ShardingState(self.model.mesh, atom_masks[self.partition.part_of_name], actions, self.partition)
 
     def apply(self, state: ShardingState, index: int) -> ShardingState | None:
-        """The state after action ``index``, or ``None`` where the action is invalid in ``state`` (which must be
-        valid: the search only walks valid states)."""
-        names, bit = self._names[index], self._bits[index]
-        before = state.masks[names]
-        if bool(np.all(before & bit)):
-            return None  # changes nothing
-        masks = state.masks.copy()
-        masks[names] = before | bit
-        if len(self.pin_names) and not np.array_equal(masks[self.pin_names], self.pin_masks):
+        """The state after action ``index``, or ``None`` where the action is invalid in ``state``.
+
+        Raises:
+          ToastError: ``state`` is not one this space reaches (a name's mask differs from its atom's).
+        """
+        atom_masks = state.masks[self.partition.first_name]
+        if not np.array_equal(atom_masks[self.partition.part_of_name], state.masks):
+            raise ToastError("the state is not one this action space reaches from its initial state")
+        following = self.step(atom_masks, index)
+        if following is None:
             return None
-        # Only the sites and names the action touches can turn a valid state invalid (ShardingModel.problem
-        # checks all of them, linear in the program; this is linear in the action).
-        model = self.model
-        site_names, site_starts, factors = self._checks[index]
-        if len(site_starts):
-            touched = masks[site_names]
-            combined = np.bitwise_or.reduceat(touched, site_starts)
-            if np.any(POPCOUNT[combined] != np.add.reduceat(POPCOUNT[touched], site_starts)):
-                return None  # one axis on two dims of a tensor
-        if np.any(model.name_size[names] % model.devices_of_mask[masks[names]]):
-            return None
-        if len(factors) and np.any(model.factor_sizes[factors] % model.devices_of_mask[
-                masks[model.factor_names[factors]]]):
-            return None
-        return ShardingState(state.mesh, masks, state.actions + self.actions[index].as_actions())
+        return self.state(following, state.actions + self.actions[index].as_actions())
 
     def _pins(self, pinned: Mapping[str, Sequence]) -> tuple[np.ndarray, np.ndarray]:
         model = self.model

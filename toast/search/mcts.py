@@ -6,7 +6,7 @@ untried action (or the stop action), then a random default policy (stop with pro
 cost ``C(s) = RT(s) + MP(s)`` (``CostModel.evaluate(...).relative``). Its reward ``-(C(s) + length_penalty *
 depth)`` prefers shorter trajectories among equally good ones; it is backed up along the tree path.
 
-States are nodes of a **transposition table** keyed by the sharding itself (``ShardingState.key``): any
+States are nodes of a **transposition table** keyed by the sharding itself (its atoms' masks, ``ActionSpace.step``): any
 action order that reaches the same sharding is the same node, and no state is costed twice (a cost cache).
 
 A **round** runs ``rollouts_per_round`` rollouts split over ``lanes`` independent trees (root
@@ -155,30 +155,31 @@ class _LaneResult:
 
 class _Memo:
     """What one process has learned about states, shared by its lanes (it only memoizes, so results do not
-    depend on it): each state once (keyed by its masks' bytes, one bytes object per state so its hash is
-    computed once), each transition ``(state, action) -> state or None`` once, each state's cost once. After
-    warm-up a rollout step is a dictionary lookup, whatever the program's size."""
+    depend on it): each state once (keyed by its atoms' masks, ``ActionSpace.step``; one bytes object per
+    state so its hash is computed once), each transition ``(state, action) -> state or None`` once, each
+    state's cost once. A rollout step is a dictionary lookup or a step over the action's atoms, whatever the
+    program's depth; only costing a state reads the whole program."""
 
     def __init__(self, costs: CostModel, space: ActionSpace):
         self.costs, self.space = costs, space
         self.keys: dict[bytes, bytes] = {}
-        self.states: dict[bytes, ShardingState] = {}
+        self.states: dict[bytes, np.ndarray] = {}
         self.transitions: dict[tuple[bytes, int], bytes | None] = {}
         self.cache: dict[bytes, Cost] = {}
         self.initial_peak = max(int(costs.initial[4]), 1)  # the unsharded program's peak, bytes
 
-    def key(self, state: ShardingState) -> bytes:
+    def key(self, atom_masks: np.ndarray) -> bytes:
         """The state's canonical key (registering the state)."""
-        fresh = state.key()
+        fresh = atom_masks.tobytes()
         key = self.keys.setdefault(fresh, fresh)
-        self.states.setdefault(key, state)
+        self.states.setdefault(key, atom_masks)
         return key
 
     def step(self, key: bytes, action: int) -> bytes | None:
         """The key of the state after ``action``, ``None`` where it is invalid."""
         if (key, action) in self.transitions:
             return self.transitions[(key, action)]
-        following = self.space.apply(self.states[key], action)
+        following = self.space.step(self.states[key], action)
         result = None if following is None else self.key(following)
         self.transitions[(key, action)] = result
         return result
@@ -186,11 +187,11 @@ class _Memo:
     def cost_of(self, key: bytes) -> Cost:
         found = self.cache.get(key)
         if found is None:
-            found = self.cache[key] = self.costs.evaluate(self.states[key])
+            found = self.cache[key] = self.costs.evaluate(self.space.state(self.states[key]), collectives=False)
         return found
 
-    def cost(self, state: ShardingState) -> Cost:
-        return self.cost_of(self.key(state))
+    def cost(self, atom_masks: np.ndarray) -> Cost:
+        return self.cost_of(self.key(atom_masks))
 
     def score(self, key: bytes, goal: str) -> float:
         cost = self.cost_of(key)
@@ -222,7 +223,7 @@ def _run_lane(space: ActionSpace, memo: _Memo, settings: SearchSettings, task: _
     """One lane: ``task.rollouts`` rollouts on a fresh tree from ``task.root``; a pure function of its inputs
     (``memo`` only memoizes)."""
     rng = np.random.default_rng(list(task.seed))
-    root_key = memo.key(ShardingState(space.model.mesh, np.frombuffer(task.root, dtype=np.uint8).copy(), ()))
+    root_key = memo.key(np.frombuffer(task.root, dtype=np.uint8).copy())
     allowed = list(task.allowed)
     nodes: dict[bytes, _Node] = {}
 
@@ -360,9 +361,11 @@ def search(space: ActionSpace, costs: CostModel, *, settings: SearchSettings = D
     memo = _Memo(costs, space)
     workers = settings.workers or min(os.cpu_count() or 1, settings.lanes)
     workers = max(1, min(workers, settings.lanes))
+    costs.prepare(space.partition)  # once, before the fork (a no-op when the caller did it)
+    memo.cost(space.initial_atoms)
     pool = _fork_pool(workers, (space, memo, settings)) if workers > 1 else None
     try:
-        state = space.initial
+        state = space.initial_atoms
         trajectory: list[int] = []
         rounds: list[RoundResult] = []
         total_rollouts = 0
@@ -384,7 +387,7 @@ def search(space: ActionSpace, costs: CostModel, *, settings: SearchSettings = D
                                                                                       settings.rollouts_per_round)
                 shares = [per_round // settings.lanes + (1 if lane < per_round % settings.lanes else 0)
                           for lane in range(settings.lanes)]
-                tasks = [_LaneTask(state.masks.tobytes(), allowed, phase.goal, (settings.seed, round_index, lane),
+                tasks = [_LaneTask(state.tobytes(), allowed, phase.goal, (settings.seed, round_index, lane),
                                    share, deadline) for lane, share in enumerate(shares) if share]
                 if pool is not None:
                     results = pool.map(_worker_lane, tasks, chunksize=1)
@@ -398,7 +401,7 @@ def search(space: ActionSpace, costs: CostModel, *, settings: SearchSettings = D
                 if winner.score < best - 1e-9:
                     best = winner.score
                     for action in winner.actions:
-                        following = space.apply(state, action)
+                        following = space.step(state, action)
                         assert following is not None, "a lane's trajectory replays"
                         state = following
                     trajectory.extend(winner.actions)
@@ -417,6 +420,6 @@ def search(space: ActionSpace, costs: CostModel, *, settings: SearchSettings = D
             pool.close()
             pool.join()
     actions = tuple(space.actions[i] for i in trajectory)
-    final = ShardingState(state.mesh, state.masks, tuple(a for action in actions for a in action.as_actions()))
-    return SearchResult(final, actions, memo.cost(final), tuple(rounds), total_rollouts, evaluations,
+    final = space.state(state, tuple(a for action in actions for a in action.as_actions()))
+    return SearchResult(final, actions, costs.evaluate(final), tuple(rounds), total_rollouts, evaluations,
                         time.monotonic() - start, settings)
