@@ -20,6 +20,11 @@ from toast.examples import DESCRIPTIONS, EXAMPLES, load, op_counts, resolve
 # Sizes that keep every lowering fast.
 _SMALL = {
     "gpt": dict(layers=1, batch=2, seq=8, d_model=32, heads=2, vocab=64),
+    # The zoo at full widths but one layer (their own tests lower every layer: tests/test_zoo_*.py).
+    "t2b": dict(layers=1),
+    "t7b": dict(layers=1),
+    "itx": dict(layers=1),
+    "itx_prefill": dict(layers=1),
 }
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import toast
 
-STAGES = ("frontend", "facts", "datalog", "analysis", "sharding", "cost", "search", "output", "xla", "cli")
+STAGES = ("frontend", "facts", "datalog", "analysis", "sharding", "cost", "search", "output", "xla", "evaluation",
+          "cli")
 SHARED = ("errors", "resources", "toml_files")
 PACKAGE = Path(toast.__file__).parent
 

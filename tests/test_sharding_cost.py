@@ -124,6 +124,43 @@ def test_gpt_manual_strategies_are_valid(strategy):
         assert ("reduce-scatter", ("model",)) in kinds
 
 
+@pytest.mark.parametrize("mesh, strategy, expected", [
+    # w_fc is [D=64, F=256]: Megatron splits F on model, then FSDP stores it split on its largest dim still
+    # whole (D) along batch; wte [V=128, D=64] only by FSDP, on V.
+    ("batch=2,model=2", "fsdp+megatron", {"w_fc": ("batch", "model"), "wte": ("batch", None),
+                                           "tokens": ("batch", None)}),
+    ("batch=2,model=2", "fsdp+sequence", {"w_fc": (None, "batch"), "wte": ("batch", None),
+                                           "tokens": ("batch", "model")}),
+    # Three axes: Megatron on model, the sequence on seq (the sequence strategy prefers an axis named so).
+    ("batch=2,seq=2,model=2", "megatron+sequence", {"w_fc": (None, "model"), "wte": (None, None),
+                                                     "tokens": ("batch", "seq")}),
+    ("batch=2,seq=2,model=2", "sequence+megatron+fsdp", {"w_fc": ("batch", "model"), "wte": ("batch", None),
+                                                          "tokens": ("batch", "seq")}),
+])
+def test_composite_strategies(mesh, strategy, expected):
+    """The paper's manual baselines combine FSDP, Megatron and sequence parallelism; the parts may come in
+    any order."""
+    fn, args = gpt_train_step(layers=2, batch=4, seq=16, d_model=64, heads=4, vocab=128, d_ff=256)
+    analysis = analyze("toast.examples.gpt:gpt_train_step", fn=fn, args=args)
+    model = ShardingModel(analysis, parse_mesh(mesh))
+    state, _ = manual_strategy(model, strategy, GPT_ROLES)
+    assert model.problem(state) == ""
+    program = analysis.program
+    spec_of = {program.values[v].name: model.partition_spec(state, v) for v in program.arguments}
+    names = {"w_fc": "params['blocks'][1]['w_fc']", "wte": "params['wte']", "tokens": "tokens"}
+    assert {key: spec_of[names[key]] for key in expected} == expected
+
+
+def test_composite_strategy_errors():
+    model = ShardingModel(analysis_of(MLP), parse_mesh("batch=4"))
+    with pytest.raises(ToastError, match="unknown strategy 'fsdp\\+data_parallel'.*combine fsdp, megatron and"):
+        manual_strategy(model, "fsdp+data_parallel", MLP_ROLES)
+    with pytest.raises(ToastError, match="unknown strategy 'fsdp\\+fsdp'"):
+        manual_strategy(model, "fsdp+fsdp", MLP_ROLES)
+    with pytest.raises(ToastError, match="strategy 'fsdp\\+megatron' needs a mesh with two axes"):
+        manual_strategy(model, "fsdp+megatron", MLP_ROLES)
+
+
 def test_hardware_changes_the_step_time_as_datasheets_say():
     """The same Megatron strategy of a bf16 GPT-2-small-sized step (2 layers): TPU v3 (123
     TFLOP/s bf16) slower than A100 (312) slower than H100 (989, faster NVLink)."""

@@ -58,6 +58,7 @@ from toast.output import (
 )
 from toast.search import ActionSpace, Phase, SearchSettings
 from toast.sharding import (
+    COMPOSITES,
     STRATEGIES,
     Action,
     InvalidState,
@@ -73,6 +74,7 @@ from toast.sharding import (
 from toast.xla import Agreement, validate
 
 __all__ = [
+    "COMPOSITES",
     "STRATEGIES",
     "Action",
     "ActionSpace",

@@ -78,7 +78,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     shard_parser.add_argument("--hardware", default="a100_80gb", help="accelerator profile (hardware/NAME.toml) "
                               "or a TOML path")
     shard_parser.add_argument("--strategy", default="data_parallel",
-                              help="data_parallel, megatron, fsdp or sequence")
+                              help="data_parallel, megatron, fsdp or sequence, or fsdp, megatron and sequence "
+                              "combined with '+' (fsdp+megatron)")
     shard_parser.add_argument("--roles", metavar="FILE", help="roles file (TOML) naming the argument dims each "
                               "strategy shards; default: <module>.roles.toml beside a module:function's module")
     shard_parser.add_argument("--batch", metavar="ARG:DIM", help="the batch dim, e.g. ids:0 (enough for "
@@ -94,7 +95,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "path")
     cost_parser.add_argument("--mesh", help="logical mesh, e.g. batch=4,model=2 (default: one device, unsharded)")
     cost_parser.add_argument("--strategy", metavar="NAME|FILE", help="a manual strategy (data_parallel, megatron, "
-                             "fsdp, sequence; needs --mesh) or a strategy file from `toast shard -o`")
+                             "fsdp, sequence, or a '+' combination such as fsdp+megatron; needs --mesh) or a "
+                             "strategy file from `toast shard -o`")
     cost_parser.add_argument("--roles", metavar="FILE", help="roles file (TOML) for a manual strategy")
     cost_parser.add_argument("--donate", action="store_true", help="donate the arguments (jax.jit donate_argnums): "
                              "outputs may reuse their buffers")
@@ -107,26 +109,24 @@ def main(argv: Sequence[str] | None = None) -> int:
                                   "data=2,seq=2,model=2")
     autoshard_parser.add_argument("--hardware", default="a100_80gb", help="accelerator profile (hardware/NAME.toml) "
                                   "or a TOML path")
-    autoshard_parser.add_argument("--memory", type=float, metavar="GiB", help="memory per device in GiB "
-                                  "(default: the profile's HBM)")
-    budget = autoshard_parser.add_mutually_exclusive_group()
-    budget.add_argument("--budget", type=float, metavar="SECONDS", help="stop searching after SECONDS")
-    budget.add_argument("--rollouts", type=int, metavar="N", help="stop after N rollouts (default 2000)")
-    autoshard_parser.add_argument("--seed", type=int, default=0, help="search seed (same seed, same strategy)")
-    autoshard_parser.add_argument("--workers", type=int, default=0, metavar="N", help="worker processes (default: "
-                                  "one per core; the result does not depend on it)")
-    autoshard_parser.add_argument("--pin", action="append", default=[], metavar="NAME=AXES,...",
-                                  help="keep an argument's sharding, e.g. 'tokens=batch,' (dim 0 on batch, dim 1 "
-                                  "whole; 'x=batch+model,' splits dim 0 over both); repeatable")
-    autoshard_parser.add_argument("--phase", action="append", default=[], metavar="AXES:GOAL",
-                                  help="search in phases, in order: the mesh axes a phase may use ('+'-separated) "
-                                  "and its goal, runtime or memory, e.g. --phase model:memory --phase batch:runtime "
-                                  "(PartIR's composite strategies); default: one phase, all axes, runtime")
+    _add_search_options(autoshard_parser)
     autoshard_parser.add_argument("--roles", metavar="FILE", help="roles file for the manual strategies of the "
                                   "comparison table (default: <module>.roles.toml beside the module)")
     autoshard_parser.add_argument("-o", "--output", metavar="FILE", help="write the strategy JSON to FILE")
     autoshard_parser.add_argument("--emit", metavar="FILE", help="write the StableHLO annotated with the "
                                   "shardings to FILE")
+    compare_parser = commands.add_parser("compare", help="toast's search against every manual strategy that "
+                                         "applies: step time, peak per device, over memory, search seconds")
+    _add_analysis_options(compare_parser)
+    compare_parser.add_argument("--mesh", required=True, help="logical mesh, e.g. batch=4,model=2")
+    compare_parser.add_argument("--hardware", default="a100_80gb", help="accelerator profile (hardware/NAME.toml) "
+                                "or a TOML path")
+    _add_search_options(compare_parser)
+    compare_parser.add_argument("--roles", metavar="FILE", help="roles file for the manual strategies (default: "
+                                "<module>.roles.toml beside the module)")
+    compare_parser.add_argument("--validate", action="store_true", help="also compile and run every strategy "
+                                "that applies with XLA on host CPU devices (numerics and collectives)")
+    compare_parser.add_argument("--json", metavar="FILE", help="write the comparison as JSON to FILE")
     validate_parser = commands.add_parser("validate", help="compile and run a strategy with XLA on host CPU "
                                           "devices; compare collectives and memory with the predictions")
     _add_analysis_options(validate_parser)
@@ -179,8 +179,12 @@ def _run(options: argparse.Namespace) -> int:
         check_strategy(options.strategy, roles=roles, mesh=mesh)
     if options.command == "cost":
         cost_plan = _cost_plan(options)  # bad input fails before the analysis
-    if options.command == "autoshard":
+    if options.command in ("autoshard", "compare"):
         autoshard_plan = _autoshard_plan(options)  # bad input fails before the analysis
+    if options.command == "compare":
+        from toast.evaluation.compare import check_host_validation
+
+        check_host_validation(autoshard_plan[0], validate_on_host=options.validate)
     if options.command == "validate":
         from toast.cost.hardware import load_hardware
         from toast.output.strategy_file import read_strategy, strategy_mesh
@@ -215,6 +219,8 @@ def _run(options: argparse.Namespace) -> int:
         return _validate(options, analysis, document, mesh, hardware)
     if options.command == "autoshard":
         return _autoshard(options, analysis, *autoshard_plan)
+    if options.command == "compare":
+        return _compare(options, analysis, *autoshard_plan)
     if options.command == "graph":
         from toast.output.dimension_graph import dimension_graph_dot, render_svg
 
@@ -278,7 +284,7 @@ def _cost_plan(options: argparse.Namespace):
     from toast.output.strategy_file import read_strategy, strategy_mesh
     from toast.sharding.mesh import parse_mesh
     from toast.sharding.roles import roles_for_input
-    from toast.sharding.strategies import STRATEGIES, check_strategy
+    from toast.sharding.strategies import COMPOSITES, STRATEGIES, check_strategy, strategy_parts
 
     hardware = load_hardware(options.hardware)
     mesh = parse_mesh(options.mesh) if options.mesh else None
@@ -291,9 +297,11 @@ def _cost_plan(options: argparse.Namespace):
         if mesh is not None and mesh != file_mesh:
             raise ToastError(f"--mesh {options.mesh}, but the strategy file {strategy} is for mesh {file_mesh.spec()}")
         return hardware, file_mesh, None, None, document
-    if strategy not in STRATEGIES:
-        raise ToastError(f"unknown strategy '{strategy}' (known: {', '.join(STRATEGIES)}; or a strategy file "
-                         "from `toast shard -o`)")
+    try:
+        strategy_parts(strategy)
+    except ToastError:
+        raise ToastError(f"unknown strategy '{strategy}' (known: {', '.join(STRATEGIES + COMPOSITES)}; or a "
+                         "strategy file from `toast shard -o`)") from None
     if mesh is None:
         raise ToastError(f"--strategy {strategy} needs --mesh, e.g. --mesh batch=4,model=2")
     roles = roles_for_input(options.input, roles_path=options.roles)
@@ -355,6 +363,25 @@ def _cost(options: argparse.Namespace, analysis, hardware, mesh, strategy, roles
         }
         write_outputs([Output("--json", Path(options.json), json_text(document_out))])
     return 0
+
+
+def _add_search_options(parser: argparse.ArgumentParser) -> None:
+    """The search's options, shared by ``autoshard`` and ``compare``."""
+    parser.add_argument("--memory", type=float, metavar="GiB", help="memory per device in GiB "
+                                  "(default: the profile's HBM)")
+    budget = parser.add_mutually_exclusive_group()
+    budget.add_argument("--budget", type=float, metavar="SECONDS", help="stop searching after SECONDS")
+    budget.add_argument("--rollouts", type=int, metavar="N", help="stop after N rollouts (default 2000)")
+    parser.add_argument("--seed", type=int, default=0, help="search seed (same seed, same strategy)")
+    parser.add_argument("--workers", type=int, default=0, metavar="N", help="worker processes (default: "
+                                  "one per core; the result does not depend on it)")
+    parser.add_argument("--pin", action="append", default=[], metavar="NAME=AXES,...",
+                                  help="keep an argument's sharding, e.g. 'tokens=batch,' (dim 0 on batch, dim 1 "
+                                  "whole; 'x=batch+model,' splits dim 0 over both); repeatable")
+    parser.add_argument("--phase", action="append", default=[], metavar="AXES:GOAL",
+                                  help="search in phases, in order: the mesh axes a phase may use ('+'-separated) "
+                                  "and its goal, runtime or memory, e.g. --phase model:memory --phase batch:runtime "
+                                  "(PartIR's composite strategies); default: one phase, all axes, runtime")
 
 
 def _autoshard_plan(options: argparse.Namespace):
@@ -443,6 +470,40 @@ def _autoshard(options: argparse.Namespace, analysis, mesh, hardware, settings, 
     if found.over_memory:
         print(f"toast: error: no strategy found fits {human_bytes(found.device_memory)} per device (best: "
               f"{human_bytes(result.cost.peak_bytes)}); the strategy file is flagged over_memory", file=sys.stderr)
+        return 3
+    return 0
+
+
+def _compare(options: argparse.Namespace, analysis, mesh, hardware, settings, pins) -> int:
+    from toast.evaluation.compare import compare, comparison_json, comparison_table
+    from toast.output.files import Output, json_text, write_outputs
+    from toast.output.report import human_bytes
+    from toast.sharding.roles import roles_for_input
+
+    try:
+        roles = roles_for_input(options.input, roles_path=options.roles)
+    except ToastError:
+        if options.roles:
+            raise
+        roles = None
+    progress = _Progress(sys.stderr) if sys.stderr.isatty() else None
+    result = compare(analysis, mesh, hardware, source=options.input, roles=roles, settings=settings,
+                     memory_gib=options.memory, pinned=pins, validate_on_host=options.validate, progress=progress)
+    if progress is not None:
+        progress.finish()
+    if options.json:
+        write_outputs([Output("--json", Path(options.json), json_text(comparison_json(result)))])
+    print(f"{analysis.program.name} on mesh {mesh.spec()} ({hardware.name}, {human_bytes(result.found.device_memory)} "
+          f"per device; roles: {roles.source if roles is not None else 'none, toast only'})")
+    print(comparison_table(result), end="")
+    mismatched = [row.name for row in result.rows if row.agreement is not None and not row.agreement.numerics.match]
+    if mismatched:
+        print(f"toast: error: XLA's outputs differ from the unsharded program's for {', '.join(mismatched)}",
+              file=sys.stderr)
+        return 1
+    if result.found.over_memory:
+        print(f"toast: error: no strategy found fits {human_bytes(result.found.device_memory)} per device",
+              file=sys.stderr)
         return 3
     return 0
 

@@ -33,6 +33,14 @@ EXAMPLES: dict[str, str] = {
     "gnn": "toast.examples.gnn:gnn",
     "ops_zoo": "toast.examples.ops_zoo:ops_zoo",
     "ops_zoo_extras": "toast.examples.ops_zoo:ops_zoo_extras",
+    # The paper's evaluation models (section 5.1), at its sizes and small for tests.
+    "t2b": "toast.examples.gemma:t2b",
+    "t7b": "toast.examples.gemma:t7b",
+    "gemma_small": "toast.examples.gemma:gemma_small",
+    "itx": "toast.examples.itx:itx",
+    "itx_prefill": "toast.examples.itx:itx_prefill",
+    "itx_small": "toast.examples.itx:itx_small",
+    "itx_prefill_small": "toast.examples.itx:itx_prefill_small",
 }
 
 DESCRIPTIONS: dict[str, str] = {
@@ -46,6 +54,13 @@ DESCRIPTIONS: dict[str, str] = {
     "gnn": "GNN training step: gather by senders, segment_sum (scatter) by receivers.",
     "ops_zoo": "One program covering every StableHLO op kind the analysis handles.",
     "ops_zoo_extras": "ops_zoo plus chlo ops (square, erfc, top_k, ...) and complex-valued fft.",
+    "t2b": "Gemma-2B training step with Adam (T2B): RMSNorm, RoPE, multi-query attention, GeGLU, tied embedding.",
+    "t7b": "Gemma-7B training step with Adam (T7B): as t2b with multi-head attention, D=3072, 28 layers.",
+    "gemma_small": "A 2-layer Gemma-style training step at tiny sizes (D=64, H=4, one KV head).",
+    "itx": "Inference transformer decode step (ITX): RoPE, multi-query attention, KV cache update.",
+    "itx_prefill": "ITX prefill: a 1024-token prompt with causal attention, filling the KV cache.",
+    "itx_small": "A 2-layer ITX decode step at tiny sizes.",
+    "itx_prefill_small": "A 2-layer ITX prefill at tiny sizes.",
 }
 
 Factory = Callable[..., "tuple[Callable[..., Any], tuple[Any, ...]]"]

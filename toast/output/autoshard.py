@@ -28,7 +28,7 @@ from toast.errors import ToastError
 from toast.search.actions import ActionSpace
 from toast.search.mcts import RoundResult, SearchResult, SearchSettings, search
 from toast.sharding.mesh import Mesh, parse_mesh
-from toast.sharding.state import ShardingModel
+from toast.sharding.state import ShardingModel, ShardingState
 
 GIB = 2 ** 30
 DEFAULT_SETTINGS = SearchSettings()
@@ -107,6 +107,7 @@ class Comparison:
     cost: Cost | None
     over_memory: bool
     reason: str = ""
+    state: ShardingState | None = None
 
 
 @dataclass(frozen=True)
@@ -171,19 +172,20 @@ def find_strategy(analysis, mesh: Mesh, hardware: Hardware, *, source: str,
 
 
 def compare_manual(found: Found, roles) -> list[Comparison]:
-    """Every manual strategy (``toast.STRATEGIES``) priced under the same model and memory limit; one that
-    does not apply (a role the roles file lacks, an invalid state) has its reason instead of a cost."""
-    from toast.sharding.strategies import STRATEGIES, manual_strategy
+    """Every manual strategy (``toast.STRATEGIES``, then the ``COMPOSITES``) priced under the same model and
+    memory limit; one that does not apply (a role the roles file lacks, an invalid state) has its reason
+    instead of a cost."""
+    from toast.sharding.strategies import COMPOSITES, STRATEGIES, manual_strategy
 
     rows = []
-    for name in STRATEGIES:
+    for name in STRATEGIES + COMPOSITES:
         try:
             state, _ = manual_strategy(found.model, name, roles)
         except ToastError as err:
             rows.append(Comparison(name, None, False, str(err).split(";")[0]))
             continue
         cost = found.costs.evaluate(state)
-        rows.append(Comparison(name, cost, cost.peak_bytes > found.device_memory))
+        rows.append(Comparison(name, cost, cost.peak_bytes > found.device_memory, state=state))
     return rows
 
 

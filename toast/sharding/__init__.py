@@ -4,8 +4,8 @@ roles of argument dims (``roles``), and the manual strategies built from them (`
 from toast.sharding.mesh import Mesh, parse_mesh
 from toast.sharding.roles import ROLE_NAMES, Roles, load_roles, roles_for_input
 from toast.sharding.state import Action, InvalidState, ShardingModel, ShardingState, spec_entries
-from toast.sharding.strategies import NEEDS, STRATEGIES, ShardNodes, check_strategy, manual_strategy
+from toast.sharding.strategies import COMPOSITES, NEEDS, STRATEGIES, ShardNodes, check_strategy, manual_strategy
 
-__all__ = ["NEEDS", "ROLE_NAMES", "STRATEGIES", "Action", "InvalidState", "Mesh", "Roles", "ShardNodes",
+__all__ = ["COMPOSITES", "NEEDS", "ROLE_NAMES", "STRATEGIES", "Action", "InvalidState", "Mesh", "Roles", "ShardNodes",
            "ShardingModel", "ShardingState", "check_strategy", "load_roles", "manual_strategy", "parse_mesh",
            "roles_for_input", "spec_entries"]

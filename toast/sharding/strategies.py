@@ -15,6 +15,11 @@ program beyond argument names; ``NEEDS`` says which roles each one needs.
   reduce-scatter.
 - ``sequence``: data parallel, plus the sequence color along the model axis with resolution
   bits ``1`` (the sequence sharding of Figure 5b in every attention).
+- Composites (``COMPOSITES``), as the paper's manual baselines combine them: ``fsdp+megatron``
+  (the U-Net's), ``fsdp+megatron+sequence`` and its other pairs (the Transformers': the best
+  of every combination). Megatron and sequence actions come first, each on its axis; FSDP then
+  stores every parameter not split along the data axis sharded there on its largest dim still
+  whole, so a Megatron-split weight is split along both axes.
 
 Axes are chosen by name, as meshes are usually named: the data axis is the one named
 ``batch``, ``data`` or ``dp`` (else the first axis); the model axis is the one named
@@ -44,6 +49,9 @@ NEEDS: dict[str, tuple[tuple[str, ...], ...]] = {
 }
 STRATEGIES = tuple(NEEDS)
 TWO_AXES = ("megatron", "sequence")
+# Combinations of the strategies above (each includes data parallelism), in canonical order.
+COMPOSITES = ("fsdp+megatron", "fsdp+sequence", "megatron+sequence", "fsdp+megatron+sequence")
+_COMPONENT_ORDER = ("megatron", "sequence", "fsdp")
 DATA_AXIS_NAMES = ("batch", "data", "dp")
 MODEL_AXIS_NAMES = ("model", "tensor", "tp", "mp")
 SEQUENCE_AXIS_NAMES = ("sequence", "seq", "sp", "context", *MODEL_AXIS_NAMES)
@@ -67,16 +75,33 @@ def check_strategy(name: str, *, roles: Roles, mesh: Mesh) -> None:
       ToastError: one line: an unknown strategy, a one-axis mesh for a strategy that needs two,
         or a role the strategy needs (``NEEDS``) that ``roles`` lack.
     """
-    if name not in NEEDS:
-        raise ToastError(f"unknown strategy '{name}' (known: {', '.join(STRATEGIES)})")
-    if name in TWO_AXES and len(mesh.names) < 2:
+    parts = strategy_parts(name)
+    if any(part in TWO_AXES for part in parts) and len(mesh.names) < 2:
         raise ToastError(f"strategy '{name}' needs a mesh with two axes, e.g. batch=4,model=2")
-    for alternatives in NEEDS[name]:
+    needs = dict.fromkeys(alternatives for part in parts for alternatives in NEEDS[part])
+    for alternatives in needs:
         if not any(roles.get(role) for role in alternatives):
             wanted = " or ".join(f"'{role}'" for role in alternatives)
             where = "--roles FILE or --batch ARG:DIM" if alternatives == ("batch",) else "--roles FILE"
             given = f", which {roles.source} does not name" if roles.dims else f": {roles.source}"
             raise ToastError(f"strategy '{name}' needs role {wanted}{given}; give it in {where}")
+
+
+def strategy_parts(name: str) -> tuple[str, ...]:
+    """The strategies a name combines (``"fsdp+megatron"`` -> ``("fsdp", "megatron")``; a plain name is
+    itself).
+
+    Raises:
+      ToastError: an unknown name or part, or a part given twice.
+    """
+    parts = tuple(part.strip() for part in name.split("+"))
+    if len(parts) == 1 and parts[0] in NEEDS:
+        return parts
+    known = ", ".join(STRATEGIES + COMPOSITES)
+    if len(parts) == 1 or any(part not in _COMPONENT_ORDER for part in parts) or len(set(parts)) < len(parts):
+        raise ToastError(f"unknown strategy '{name}' (known: {known}; combine fsdp, megatron and sequence "
+                         "with '+')")
+    return parts
 
 
 def role_colors(analysis: Analysis, roles: Roles, role: str) -> list[int]:
@@ -130,24 +155,25 @@ def manual_strategy(model: ShardingModel, name: str, roles: Roles
       InvalidState: an action gives an invalid state (a dim not divisible by its devices).
     """
     check_strategy(name, roles=roles, mesh=model.mesh)
+    parts = strategy_parts(name)
     analysis = model.analysis
     if not any(_argument_dims(analysis, pattern, dim) for pairs in roles.dims.values() for pattern, dim in pairs):
         raise ToastError(f"{roles.source}: no entry names an argument dim of {analysis.program.name} "
                          f"({_some_arguments(analysis)})")
     first = _data_axis(model.mesh)
-    second = _model_axis(model.mesh, SEQUENCE_AXIS_NAMES if name == "sequence" else MODEL_AXIS_NAMES,
-                         data_axis=first) if name in TWO_AXES else first  # check_strategy: two axes there
     actions: list[Action | ShardNodes] = [Action(c, first) for c in role_colors(analysis, roles, "batch")]
-    if name == "megatron":
+    if "megatron" in parts:  # check_strategy: two axes
+        second = _model_axis(model.mesh, MODEL_AXIS_NAMES, data_axis=first)
         actions += [Action(c, second) for role in ("heads", "mlp") if roles.get(role)
                     for c in role_colors(analysis, roles, role)]
-    elif name == "sequence":
+    if "sequence" in parts:
+        second = _model_axis(model.mesh, SEQUENCE_AXIS_NAMES, data_axis=first)
         ones = (1,) * analysis.conflicts.resolution_bits
         actions += [Action(c, second, ones) for c in role_colors(analysis, roles, "sequence")]
     state = model.initial()
     for action in actions:
         state = apply_any(model, state, action)
-    if name == "fsdp":
+    if "fsdp" in parts:
         parameters = fsdp_actions(model, first, state=state)
         for action in parameters:
             state = apply_any(model, state, action)
@@ -170,8 +196,9 @@ def apply_any(model: ShardingModel, state: ShardingState, action: Action | Shard
 
 
 def fsdp_actions(model: ShardingModel, axis: str, *, state: ShardingState) -> list[ShardNodes]:
-    """One node action per parameter (ZeRO-3 on ``axis``): a floating-point argument that
-    ``state`` leaves unsharded (the inputs the batch role shards are data, not parameters)."""
+    """One node action per parameter (ZeRO-3 on ``axis``): a floating-point argument that ``state``
+    leaves unsplit along ``axis`` (the inputs the batch role splits are data, not parameters), stored
+    split on its largest dim that ``state`` leaves whole and ``axis`` divides."""
     analysis = model.analysis
     program, names = analysis.program, analysis.names
     size = model.mesh.size(axis)
@@ -187,9 +214,11 @@ def fsdp_actions(model: ShardingModel, axis: str, *, state: ShardingState) -> li
         base = names.def_base[value_id]
         if not value.dtype.startswith(("f", "bf")) or not value.shape:
             continue
-        if state.masks[base:base + len(value.shape)].any():
+        masks = state.masks[base:base + len(value.shape)]
+        if (masks & (1 << model.mesh.index(axis))).any():
             continue  # data the batch role shards, not a parameter
-        dims = [d for d in sorted(range(len(value.shape)), key=lambda d: -value.shape[d]) if value.shape[d] % size == 0]
+        dims = [d for d in sorted(range(len(value.shape)), key=lambda d: -value.shape[d])
+                if value.shape[d] % size == 0 and not masks[d]]
         if not dims:
             continue
         dim = dims[0]

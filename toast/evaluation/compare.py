@@ -1,0 +1,164 @@
+"""``toast compare``: toast's search against every manual strategy that applies, on one program, mesh and
+accelerator profile (the rows of the paper's Figure 8), with the XLA check on host devices on request.
+
+Each row has the estimated step time and peak per device (``toast.CostModel``), whether it is over the
+memory limit, and for toast's row the search's seconds. With ``validate``, every strategy that applies is
+compiled and run by XLA on ``mesh.devices`` host CPU devices (``toast.xla.validate``): the outputs must equal
+the unsharded program's, and the collectives XLA inserted are compared with the predicted ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from toast.cost.hardware import Hardware
+from toast.cost.model import Cost
+from toast.errors import ToastError
+from toast.output.autoshard import Found, compare_manual, find_strategy
+from toast.output.report import human_bytes, human_seconds
+from toast.search.mcts import RoundResult, SearchSettings
+from toast.sharding.mesh import Mesh
+from toast.sharding.roles import Roles
+from toast.sharding.state import ShardingState
+from toast.xla.validate import Agreement, validate
+
+# Host validation runs the whole program on CPU devices forced by XLA; more than this is a mesh for a
+# cluster, not for a check on one machine.
+MAX_HOST_DEVICES = 64
+
+
+@dataclass(frozen=True)
+class StrategyRow:
+    """One strategy of the comparison.
+
+    Attributes:
+      name: ``"toast"`` or a manual strategy's name (``"fsdp+megatron"``).
+      cost: its estimated cost; ``None`` when it does not apply.
+      over_memory: its peak per device exceeds the memory limit.
+      reason: why it does not apply (empty when it does).
+      search_seconds: the search's wall-clock seconds (toast's row only).
+      agreement: XLA's check, when asked for and the strategy applies.
+      state: the sharding state (``None`` when it does not apply).
+    """
+
+    name: str
+    cost: Cost | None
+    over_memory: bool
+    reason: str = ""
+    search_seconds: float | None = None
+    agreement: Agreement | None = None
+    state: ShardingState | None = None
+
+
+@dataclass(frozen=True)
+class CompareResult:
+    """A comparison: the search's outcome and one row per strategy (toast's first)."""
+
+    found: Found
+    rows: tuple[StrategyRow, ...]
+
+    @property
+    def best_manual(self) -> StrategyRow | None:
+        """The manual strategy with the lowest step time among those that fit (else among all that apply)."""
+        applied = [row for row in self.rows[1:] if row.cost is not None]
+        fitting = [row for row in applied if not row.over_memory] or applied
+        return min(fitting, key=lambda row: row.cost.step_time_s if row.cost else 0.0, default=None)
+
+
+def check_host_validation(mesh: Mesh, *, validate_on_host: bool) -> None:
+    """Raises ``ToastError`` when host validation is asked for on a mesh of more than ``MAX_HOST_DEVICES``."""
+    if validate_on_host and mesh.devices > MAX_HOST_DEVICES:
+        raise ToastError(f"--validate: mesh {mesh.spec()} has {mesh.devices} devices; host validation runs up to "
+                         f"{MAX_HOST_DEVICES} (compare without --validate, or validate a smaller mesh)")
+
+
+def compare(analysis, mesh: Mesh, hardware: Hardware, *, source: str, roles: Roles | None,
+            settings: SearchSettings, memory_gib: float | None = None,
+            pinned: Mapping[str, Sequence] | None = None, validate_on_host: bool = False,
+            progress: Callable[[RoundResult, int, float], None] | None = None) -> CompareResult:
+    """Search a strategy and price every manual strategy that applies under the same model and memory limit.
+
+    Args:
+      analysis: the program's analysis.
+      mesh: the logical mesh.
+      hardware: the accelerator profile.
+      source: what the program was read from (recorded in the strategy file).
+      roles: the roles of the manual strategies (``None``: toast's row only).
+      settings: the search's budget and seed.
+      memory_gib: memory per device in GiB (default: the profile's HBM).
+      pinned: argument name -> PartitionSpec entries toast's search keeps (the manual strategies ignore them).
+      validate_on_host: also compile and run every strategy that applies with XLA on host CPU devices.
+      progress: the search's progress callback.
+
+    Raises:
+      ToastError: ``validate_on_host`` with a mesh of more than ``MAX_HOST_DEVICES`` devices (before any
+        search), or the search's own errors.
+    """
+    check_host_validation(mesh, validate_on_host=validate_on_host)
+    found = find_strategy(analysis, mesh, hardware, source=source, pinned=pinned, settings=settings,
+                          memory_gib=memory_gib, progress=progress)
+    rows = [StrategyRow("toast", found.result.cost, found.over_memory, search_seconds=found.result.seconds,
+                        state=found.result.state)]
+    if roles is not None:
+        rows += [StrategyRow(row.name, row.cost, row.over_memory, row.reason, state=row.state)
+                 for row in compare_manual(found, roles)]
+    if validate_on_host:
+        rows = [row if row.state is None else StrategyRow(
+            row.name, row.cost, row.over_memory, row.reason, row.search_seconds,
+            validate(found.model, row.state, hardware, seed=settings.seed), row.state) for row in rows]
+    return CompareResult(found, tuple(rows))
+
+
+def comparison_table(result: CompareResult) -> str:
+    """The comparison as a Markdown table (what ``toast compare`` prints)."""
+    validated = any(row.agreement is not None for row in result.rows)
+    header = "| strategy | step time | peak per device | over memory | relative cost | search s |"
+    rule = "|---|---|---|---|---|---|"
+    if validated:
+        header += " XLA on host devices |"
+        rule += "---|"
+    lines = [header, rule]
+    for row in result.rows:
+        seconds = f"{row.search_seconds:.1f}" if row.search_seconds is not None else ""
+        if row.cost is None:
+            line = f"| {row.name} | - | - | - | does not apply: {row.reason} | |"
+        else:
+            line = (f"| {row.name} | {human_seconds(row.cost.step_time_s)} | {human_bytes(row.cost.peak_bytes)} | "
+                    f"{'yes' if row.over_memory else 'no'} | {row.cost.relative:.3f} | {seconds} |")
+        if validated:
+            line += f" {_agreement_cell(row.agreement)} |"
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def comparison_json(result: CompareResult) -> dict[str, Any]:
+    """The comparison as JSON (``toast compare --json``): costs in the keys of ``toast cost``."""
+    found = result.found
+    rows = []
+    for row in result.rows:
+        entry: dict[str, Any] = {"strategy": row.name, "applies": row.cost is not None}
+        if row.cost is None:
+            entry["reason"] = row.reason
+        else:
+            entry.update({"step_time_s": row.cost.step_time_s, "peak_bytes": row.cost.peak_bytes,
+                          "over_memory": row.over_memory, "relative": row.cost.relative})
+        if row.search_seconds is not None:
+            entry["search_seconds"] = row.search_seconds
+        if row.agreement is not None:
+            entry["xla"] = {"numerics_match": row.agreement.numerics.match, "collectives_agree": row.agreement.matched,
+                            "collectives": max(row.agreement.predicted_count, row.agreement.xla_count),
+                            "peak_error": row.agreement.peak_error}
+        rows.append(entry)
+    return {"program": found.model.analysis.program.name, "mesh": found.model.mesh.spec(),
+            "hardware": found.document["hardware"], "device_memory_bytes": found.device_memory,
+            "strategies": rows, "toast": found.document}
+
+
+def _agreement_cell(agreement: Agreement | None) -> str:
+    if agreement is None:
+        return ""
+    numerics = "numerics match" if agreement.numerics.match else "numerics MISMATCH"
+    total = max(agreement.predicted_count, agreement.xla_count)
+    return f"{numerics}; collectives {agreement.matched}/{total} agree; peak {agreement.peak_error:+.0%}"
