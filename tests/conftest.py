@@ -45,3 +45,13 @@ def kept_analysis_of(spec: str, engine: str = "embedded"):
     from what the engine wrote under ``keep``; computed once per test session and shared with
     ``analysis_of``, so the golden tests reuse the analyses other tests make."""
     return goldens.analyze_kept(spec, engine)
+
+
+def assert_like(new, old) -> None:
+    """Two pytrees of arrays (or ``ShapeDtypeStruct``s) with one structure, leaf shapes and dtypes: what a
+    training step returns for what it takes (new parameters, new optimizer state)."""
+    import jax
+
+    assert jax.tree_util.tree_structure(new) == jax.tree_util.tree_structure(old)
+    for new_leaf, old_leaf in zip(jax.tree_util.tree_leaves(new), jax.tree_util.tree_leaves(old), strict=True):
+        assert (new_leaf.shape, new_leaf.dtype) == (old_leaf.shape, old_leaf.dtype)

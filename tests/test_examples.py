@@ -25,6 +25,8 @@ _SMALL = {
     "t7b": dict(layers=1),
     "itx": dict(layers=1),
     "itx_prefill": dict(layers=1),
+    "gns": dict(steps=1),
+    "unet": dict(blocks_per_level=1),
 }
 
 

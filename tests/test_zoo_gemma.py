@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import assert_like
 
 import toast
 import toast.examples.gemma as gemma
@@ -117,11 +118,7 @@ def test_small_step_argument_names_and_shapes():
     assert tokens.shape == targets.shape == (4, 16) and tokens.dtype == jnp.int32
     loss, new_params, new_state = jax.eval_shape(fn, params, opt_state, tokens, targets)
     assert loss.shape == ()
-    assert jax.tree_util.tree_structure(new_params) == jax.tree_util.tree_structure(params)
-    assert jax.tree_util.tree_structure(new_state) == jax.tree_util.tree_structure(opt_state)
-    for new, old in zip(jax.tree_util.tree_leaves((new_params, new_state)),
-                        jax.tree_util.tree_leaves((params, opt_state)), strict=True):
-        assert (new.shape, new.dtype) == (old.shape, old.dtype)
+    assert_like((new_params, new_state), (params, opt_state))
 
 
 @pytest.mark.slow  # XLA's CPU compile of the step takes 10 s or more

@@ -42,6 +42,7 @@ from toast.analysis import (
 )
 from toast.cost import Collective, Cost, CostModel, Hardware, InterconnectLevel, known_hardware, load_hardware
 from toast.errors import EngineError, InputError, RuleError, ToastError
+from toast.evaluation import CompareResult, compare, load_sweep, sweep
 from toast.frontend import Program, load_program, read_callable, read_file, read_text
 from toast.output import (
     Strategy,
@@ -76,6 +77,7 @@ from toast.xla import Agreement, validate
 __all__ = [
     "COMPOSITES",
     "STRATEGIES",
+    "CompareResult",
     "Action",
     "ActionSpace",
     "Agreement",
@@ -113,6 +115,7 @@ __all__ = [
     "UnruledOp",
     "analyze",
     "autoshard",
+    "compare",
     "describe_name",
     "dimension_graph_dot",
     "explain",
@@ -122,6 +125,7 @@ __all__ = [
     "load_program",
     "load_roles",
     "load_strategy",
+    "load_sweep",
     "manual_strategy",
     "parse_mesh",
     "read_callable",
@@ -134,6 +138,7 @@ __all__ = [
     "strategy_json",
     "strategy_state",
     "summary",
+    "sweep",
     "to_json",
     "validate",
 ]

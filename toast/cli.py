@@ -115,6 +115,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     autoshard_parser.add_argument("-o", "--output", metavar="FILE", help="write the strategy JSON to FILE")
     autoshard_parser.add_argument("--emit", metavar="FILE", help="write the StableHLO annotated with the "
                                   "shardings to FILE")
+    autoshard_parser.add_argument("--report", metavar="FILE", help="write an HTML report (shardings, colors per "
+                                  "axis, collectives, memory timeline, search rounds, strategies) to FILE")
     compare_parser = commands.add_parser("compare", help="toast's search against every manual strategy that "
                                          "applies: step time, peak per device, over memory, search seconds")
     _add_analysis_options(compare_parser)
@@ -127,6 +129,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     compare_parser.add_argument("--validate", action="store_true", help="also compile and run every strategy "
                                 "that applies with XLA on host CPU devices (numerics and collectives)")
     compare_parser.add_argument("--json", metavar="FILE", help="write the comparison as JSON to FILE")
+    compare_parser.add_argument("--report", metavar="FILE", help="write an HTML report of the comparison to FILE")
+    sweep_parser = commands.add_parser("sweep", help="run a sweep file's comparisons (models x meshes x hardware x "
+                                       "memory x seeds) in parallel; one record per job and a summary table")
+    sweep_parser.add_argument("sweep", metavar="FILE", help="sweep file (TOML, a [sweep] table)")
+    sweep_parser.add_argument("-o", "--output", required=True, metavar="DIR", help="folder of the job records "
+                              "(jobs/*.json; a rerun skips the jobs recorded there) and summary.csv, summary.md")
+    sweep_parser.add_argument("--jobs", type=int, default=0, metavar="N", help="jobs at once on this machine "
+                              "(default: one per core)")
+    sweep_parser.add_argument("--report", metavar="FILE", help="write an HTML report (the summary, then every "
+                              "job's comparison) to FILE")
+    sweep_parser.add_argument("--ray", nargs="?", const="auto", metavar="ADDRESS", help="run the jobs as tasks on "
+                              "a Ray cluster: ADDRESS, or the one `ray start --head` runs here (auto); 'local' "
+                              "starts one for this run")
     validate_parser = commands.add_parser("validate", help="compile and run a strategy with XLA on host CPU "
                                           "devices; compare collectives and memory with the predictions")
     _add_analysis_options(validate_parser)
@@ -150,7 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _output_options(options: argparse.Namespace) -> list[tuple[str, str]]:
     """``(option, path)`` of every file the command was asked to write."""
-    named = (("--json", "json"), ("-o", "output"), ("--emit", "emit"))
+    named = (("--json", "json"), ("-o", "output"), ("--emit", "emit"), ("--report", "report"))
     return [(flag, getattr(options, attr)) for flag, attr in named if getattr(options, attr, None)]
 
 
@@ -161,6 +176,8 @@ def _run(options: argparse.Namespace) -> int:
     from toast.output.files import Output, check_output, json_text, write_outputs
     from toast.output.report import summary, to_json
 
+    if options.command == "sweep":
+        return _sweep(options)
     # Every file the command will write is checked before any work (and written all or none).
     for option, path in _output_options(options):
         check_output(path, option=option)
@@ -435,9 +452,25 @@ def _autoshard(options: argparse.Namespace, analysis, mesh, hardware, settings, 
                           memory_gib=options.memory, progress=progress)
     if progress is not None:
         progress.finish()
+    try:
+        roles = roles_for_input(options.input, roles_path=options.roles)
+    except ToastError:
+        roles = None
+    manual = compare_manual(found, roles) if roles is not None else []
     outputs = []
     if options.output:
         outputs.append(Output("-o", Path(options.output), json_text(found.document)))
+    if options.report:
+        from toast.evaluation.compare import CompareResult, StrategyRow
+        from toast.evaluation.report import report_html, report_section
+
+        report_rows = [StrategyRow("toast", found.result.cost, found.over_memory,
+                                   search_seconds=found.result.seconds, state=found.result.state)]
+        report_rows += [StrategyRow(row.name, row.cost, row.over_memory, row.reason, state=row.state)
+                        for row in manual]
+        section = report_section(CompareResult(found, tuple(report_rows)))
+        outputs.append(Output("--report", Path(options.report), report_html(
+            [section], title=f"toast autoshard: {analysis.program.name} on {mesh.spec()}")))
     if options.emit:
         from toast.output.sharded_stablehlo import sharded_module_text
 
@@ -452,13 +485,8 @@ def _autoshard(options: argparse.Namespace, analysis, mesh, hardware, settings, 
     for tensor in found.document["arguments"]:
         if any(entry is not None for entry in tensor["partition_spec"]):
             print(f"  {tensor['name']}: {tensor['partition_spec']}")
-    try:
-        roles = roles_for_input(options.input, roles_path=options.roles)
-    except ToastError:
-        roles = None
     rows: list[tuple[str, Cost | None, bool, str]] = [("toast", result.cost, found.over_memory, "")]
-    if roles is not None:
-        rows += [(row.name, row.cost, row.over_memory, row.reason) for row in compare_manual(found, roles)]
+    rows += [(row.name, row.cost, row.over_memory, row.reason) for row in manual]
     print("| strategy | step time | peak per device | over memory | relative cost |")
     print("|---|---|---|---|---|")
     for name, cost, over, reason in rows:
@@ -491,8 +519,15 @@ def _compare(options: argparse.Namespace, analysis, mesh, hardware, settings, pi
                      memory_gib=options.memory, pinned=pins, validate_on_host=options.validate, progress=progress)
     if progress is not None:
         progress.finish()
+    outputs = []
     if options.json:
-        write_outputs([Output("--json", Path(options.json), json_text(comparison_json(result)))])
+        outputs.append(Output("--json", Path(options.json), json_text(comparison_json(result))))
+    if options.report:
+        from toast.evaluation.report import report_html, report_section
+
+        outputs.append(Output("--report", Path(options.report), report_html(
+            [report_section(result)], title=f"toast compare: {analysis.program.name} on {mesh.spec()}")))
+    write_outputs(outputs)
     print(f"{analysis.program.name} on mesh {mesh.spec()} ({hardware.name}, {human_bytes(result.found.device_memory)} "
           f"per device; roles: {roles.source if roles is not None else 'none, toast only'})")
     print(comparison_table(result), end="")
@@ -505,6 +540,40 @@ def _compare(options: argparse.Namespace, analysis, mesh, hardware, settings, pi
         print(f"toast: error: no strategy found fits {human_bytes(result.found.device_memory)} per device",
               file=sys.stderr)
         return 3
+    return 0
+
+
+def _sweep(options: argparse.Namespace) -> int:
+    from toast.evaluation.sweep import load_sweep, sweep
+
+    plan = load_sweep(options.sweep)
+    if options.jobs < 0:
+        raise ToastError(f"--jobs {options.jobs}: give 0 (one per core) or more")
+
+    def progress(record, done: int, total: int) -> None:
+        outcome = "ok" if record["status"] == "ok" else f"error: {record['error']}"
+        print(f"[{done}/{total}] {record['job']}: {outcome} ({record['job_seconds']:.1f} s)", file=sys.stderr,
+              flush=True)
+
+    if options.report:
+        from toast.output.files import check_output
+
+        check_output(options.report, option="--report")
+    records = sweep(plan.jobs, options.output, workers=options.jobs, ray_address=options.ray, progress=progress)
+    if options.report:
+        from toast.evaluation.report import report_html
+        from toast.evaluation.sweep import summary_row
+        from toast.output.files import Output, write_outputs
+
+        sections = [record["report"] for record in records if record["status"] == "ok"]
+        write_outputs([Output("--report", Path(options.report), report_html(
+            sections, title=f"toast sweep: {plan.source} ({len(records)} jobs)",
+            summary=[summary_row(record) for record in records]))])
+    print((Path(options.output) / "summary.md").read_text(), end="")
+    failed = [record["job"] for record in records if record["status"] != "ok"]
+    if failed:
+        print(f"toast: {len(failed)} of {len(records)} jobs failed (their errors are in the table)", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -35,9 +35,10 @@ def project_root() -> Path:
 
 
 def template(name: str, *, trim_blocks: bool = False, lstrip_blocks: bool = False,
-             keep_trailing_newline: bool = False) -> jinja2.Template:
-    """A Jinja2 template of ``templates/`` (undefined variables are errors)."""
+             keep_trailing_newline: bool = False, autoescape: bool = False) -> jinja2.Template:
+    """A Jinja2 template of ``templates/`` (undefined variables are errors; ``autoescape`` for HTML)."""
     environment = jinja2.Environment(loader=jinja2.FileSystemLoader(resource_dir("templates")),
                                      undefined=jinja2.StrictUndefined, trim_blocks=trim_blocks,
-                                     lstrip_blocks=lstrip_blocks, keep_trailing_newline=keep_trailing_newline)
+                                     lstrip_blocks=lstrip_blocks, keep_trailing_newline=keep_trailing_newline,
+                                     autoescape=autoescape)
     return environment.get_template(name)

@@ -492,9 +492,18 @@ class CostModel:
         return (np.bincount(kernel + 1, weights=sizes, minlength=positions)
                 - np.bincount(kernel + 2, weights=sizes, minlength=positions)).astype(np.int64)
 
+    def memory_timeline(self, state: ShardingState) -> np.ndarray:
+        """``int64[kernels + 3]``: bytes live on one device at each position (0: the arguments, before the
+        first kernel; k + 1: during kernel k; then the outputs), before donated buffers are reused."""
+        value_bytes = self.communication.value_bytes(state)
+        return self._timeline(self.communication.table(state, value_bytes), value_bytes)
+
+    def _timeline(self, collectives: CollectiveTable, value_bytes: np.ndarray) -> np.ndarray:
+        return np.cumsum(self._live_delta(value_bytes[self.plan.buffers], collectives)
+                         + self._scratch_delta(value_bytes))
+
     def _peak_memory(self, collectives: CollectiveTable, value_bytes: np.ndarray) -> int:
-        peak = int(np.cumsum(self._live_delta(value_bytes[self.plan.buffers], collectives)
-                             + self._scratch_delta(value_bytes)).max())
+        peak = int(self._timeline(collectives, value_bytes).max())
         if self.donate:
             peak -= self._donated_bytes(value_bytes)
         return peak

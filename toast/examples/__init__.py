@@ -41,6 +41,10 @@ EXAMPLES: dict[str, str] = {
     "itx_prefill": "toast.examples.itx:itx_prefill",
     "itx_small": "toast.examples.itx:itx_small",
     "itx_prefill_small": "toast.examples.itx:itx_prefill_small",
+    "gns": "toast.examples.gns:gns",
+    "gns_small": "toast.examples.gns:gns_small",
+    "unet": "toast.examples.unet:unet",
+    "unet_small": "toast.examples.unet:unet_small",
 }
 
 DESCRIPTIONS: dict[str, str] = {
@@ -61,6 +65,10 @@ DESCRIPTIONS: dict[str, str] = {
     "itx_prefill": "ITX prefill: a 1024-token prompt with causal attention, filling the KV cache.",
     "itx_small": "A 2-layer ITX decode step at tiny sizes.",
     "itx_prefill_small": "A 2-layer ITX prefill at tiny sizes.",
+    "gns": "Graph network simulator step with Adam (GNS): encode, 24 message-passing steps, decode.",
+    "gns_small": "GNS with 2 message-passing steps at tiny sizes (32 nodes, 128 edges).",
+    "unet": "Diffusion U-Net training step with Adam: 9 down, 12 up residual blocks, 32-head attention.",
+    "unet_small": "A U-Net step at tiny sizes (8x8 images, 2 levels, 4 heads).",
 }
 
 Factory = Callable[..., "tuple[Callable[..., Any], tuple[Any, ...]]"]

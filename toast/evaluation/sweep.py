@@ -1,0 +1,320 @@
+"""``toast sweep``: many comparisons in one batch (models x meshes x hardware x memory limits x seeds), on the
+local cores or as tasks on a Ray cluster.
+
+A sweep file is TOML::
+
+    [sweep]
+    models = ["gemma_small", "toast.examples.itx:itx_small"]   # EXAMPLES names or module:function[?k=v&...]
+    meshes = ["batch=4,model=2", "batch=2,model=4"]
+    hardware = ["a100_80gb", "tpu_v3"]
+    memory = ["hbm", 16]          # GiB per device, or "hbm" for the profile's (default ["hbm"])
+    seeds = [0]                   # default [0]
+    rollouts = 500                # the search's rollout budget (default 2000; a budget, not seconds, so
+                                  # the same job gives the same strategy wherever it runs)
+
+Every combination is a job, named by its settings (``Job.key``). A job writes ``DIR/jobs/<key>.json``: its
+settings and either its comparison (``toast compare``'s JSON: toast's strategy file and every manual
+strategy's cost) or its error. A job that fails (an unknown model, a mesh the program cannot take) is
+recorded with its error and the others go on; a rerun skips every job whose file exists. After the jobs,
+``DIR/summary.csv`` and ``DIR/summary.md`` have one row per job, in the sweep's order.
+
+Jobs run in parallel: in worker processes on the local cores (``jobs``), or with ``ray_address`` as Ray tasks
+(``"auto"`` or ``"ray://..."``: a running cluster; ``"local"``: one started in this process). Each job's search
+runs in its own process on one core, so the results do not depend on where the jobs ran.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import itertools
+import json
+import os
+import re
+import time
+import tomllib
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from toast.errors import InputError, ToastError
+
+SUMMARY_FIELDS = ("job", "model", "mesh", "hardware", "memory_gib", "seed", "status", "toast_step_time_s",
+                  "toast_peak_bytes", "toast_over_memory", "best_manual", "best_manual_step_time_s",
+                  "best_manual_peak_bytes", "speedup", "search_seconds", "job_seconds", "error")
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One comparison of a sweep.
+
+    Attributes:
+      model: a ``toast.examples.EXAMPLES`` name or ``module:function[?NAME=VALUE&...]``.
+      mesh: ``"batch=4,model=2"``.
+      hardware: a profile name or a TOML path.
+      memory_gib: memory per device in GiB (``None``: the profile's HBM).
+      seed: the search's seed.
+      rollouts: the search's rollout budget.
+    """
+
+    model: str
+    mesh: str
+    hardware: str
+    memory_gib: float | None
+    seed: int
+    rollouts: int
+
+    @property
+    def key(self) -> str:
+        """A file name made of the job's settings (``gemma_small__batch4-model2__a100_80gb__hbm__s0``)."""
+        memory = "hbm" if self.memory_gib is None else f"{self.memory_gib:g}GiB"
+        parts = (self.model, self.mesh, Path(self.hardware).stem, memory, f"s{self.seed}", f"r{self.rollouts}")
+        return "__".join(re.sub(r"[^A-Za-z0-9_.]+", "-", part).strip("-") for part in parts)
+
+
+@dataclass(frozen=True, slots=True)
+class Sweep:
+    """A sweep file's jobs, in its order (models, then meshes, hardware, memory limits, seeds)."""
+
+    source: str
+    jobs: tuple[Job, ...]
+
+
+def load_sweep(path: str | Path) -> Sweep:
+    """Read a sweep file.
+
+    Raises:
+      InputError: one line naming the file (and line, for a TOML syntax error) and the problem.
+    """
+    path = Path(path)
+    try:
+        document = tomllib.loads(path.read_text())
+    except OSError as err:
+        raise InputError(f"{path}: cannot read the sweep file ({err.strerror})") from None
+    except tomllib.TOMLDecodeError as err:
+        raise InputError(f"{path}: {err}") from None
+    table = document.get("sweep")
+    if not isinstance(table, dict):
+        raise InputError(f"{path}: no [sweep] table (models, meshes, hardware, memory, seeds, rollouts)")
+    unknown = sorted(set(table) - {"models", "meshes", "hardware", "memory", "seeds", "rollouts"})
+    if unknown:
+        raise InputError(f"{path}: [sweep] has unknown key '{unknown[0]}' (known: models, meshes, hardware, memory, "
+                         "seeds, rollouts)")
+
+    def strings(key: str, default: list[str] | None = None) -> list[str]:
+        value = table.get(key, default)
+        if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+            raise InputError(f"{path}: [sweep] {key} must be a non-empty list of strings")
+        return value
+
+    models, meshes, hardware = strings("models"), strings("meshes"), strings("hardware", ["a100_80gb"])
+    memory_values = table.get("memory", ["hbm"])
+    memory: list[float | None] = []
+    for value in memory_values if isinstance(memory_values, list) and memory_values else [False]:
+        if value == "hbm":
+            memory.append(None)
+        elif isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+            memory.append(float(value))
+        else:
+            raise InputError(f"{path}: [sweep] memory must list GiB per device (numbers above 0) or \"hbm\"")
+    seeds = table.get("seeds", [0])
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool)
+                                                            for s in seeds):
+        raise InputError(f"{path}: [sweep] seeds must be a non-empty list of integers")
+    rollouts = table.get("rollouts", 2000)
+    if not isinstance(rollouts, int) or isinstance(rollouts, bool) or rollouts < 1:
+        raise InputError(f"{path}: [sweep] rollouts must be a positive integer")
+    jobs = tuple(Job(model, mesh, name, limit, seed, rollouts)
+                 for model, mesh, name, limit, seed in itertools.product(models, meshes, hardware, memory, seeds))
+    return Sweep(str(path), jobs)
+
+
+def run_job(job: Job) -> dict[str, Any]:
+    """Run one job (the analysis, the search on one core, every manual strategy); returns the job's record:
+    its settings, ``"status": "ok"`` and the comparison, or ``"status": "error"`` and the error's line."""
+    from toast.analysis.named_dimensions import analyze
+    from toast.cost.hardware import load_hardware
+    from toast.evaluation.compare import compare, comparison_json
+    from toast.evaluation.report import report_section
+    from toast.examples import EXAMPLES
+    from toast.search.mcts import SearchSettings
+    from toast.sharding.mesh import parse_mesh
+    from toast.sharding.roles import roles_for_input
+
+    record: dict[str, Any] = {"job": job.key, "settings": asdict(job)}
+    start = time.perf_counter()
+    try:
+        mesh = parse_mesh(job.mesh)
+        hardware = load_hardware(job.hardware)
+        source = EXAMPLES.get(job.model, job.model)
+        analysis = _analysis(source, analyze)
+        try:
+            roles = roles_for_input(source.partition("?")[0])
+        except ToastError:
+            roles = None
+        settings = SearchSettings(seed=job.seed, rollouts=job.rollouts, workers=1)
+        result = compare(analysis, mesh, hardware, source=source, roles=roles, settings=settings,
+                         memory_gib=job.memory_gib)
+        record.update(status="ok", comparison=comparison_json(result), report=report_section(result))
+    except (ToastError, ValueError) as err:  # ValueError: a factory's own check of its sizes
+        record.update(status="error", error=str(err).splitlines()[0] if str(err) else type(err).__name__)
+    record["job_seconds"] = time.perf_counter() - start
+    return record
+
+
+_ANALYSES: dict[str, Any] = {}  # per worker process: jobs of one model analyze it once
+
+
+def _analysis(source: str, analyze: Callable[..., Any]):
+    if source not in _ANALYSES:
+        _ANALYSES.clear()  # one model at a time: the jobs come model by model
+        _ANALYSES[source] = analyze(source, engine="embedded")
+    return _ANALYSES[source]
+
+
+def sweep(jobs: Sequence[Job], out_dir: str | Path, *, workers: int = 0, ray_address: str | None = None,
+          progress: Callable[[dict[str, Any], int, int], None] | None = None) -> list[dict[str, Any]]:
+    """Run the jobs whose record ``out_dir`` lacks, write each record as it arrives, then the summaries.
+
+    Args:
+      jobs: the jobs, in the summary's order.
+      out_dir: the folder of ``jobs/<key>.json``, ``summary.csv`` and ``summary.md``.
+      workers: local worker processes (``0``: one per core); ignored with ``ray_address``.
+      ray_address: run the jobs as Ray tasks on this cluster (``"local"``: start one in this process).
+      progress: called with ``(record, done, total)`` after each job that ran.
+
+    Returns:
+      Every job's record, in ``jobs`` order (the ones that existed read back).
+
+    Raises:
+      ToastError: two jobs with one key, or Ray asked for and not installed.
+    """
+    out = Path(out_dir)
+    keys = [job.key for job in jobs]
+    if len(set(keys)) < len(keys):
+        duplicate = next(key for key in keys if keys.count(key) > 1)
+        raise ToastError(f"the sweep has job {duplicate} twice")
+    folder = out / "jobs"
+    folder.mkdir(parents=True, exist_ok=True)
+    todo = [job for job in jobs if not (folder / f"{job.key}.json").exists()]
+    done = 0
+    for record in _run(todo, workers=workers, ray_address=ray_address):
+        _write_json(folder / f"{record['job']}.json", record)
+        done += 1
+        if progress is not None:
+            progress(record, done, len(todo))
+    records = [json.loads((folder / f"{key}.json").read_text()) for key in keys]
+    rows = [summary_row(record) for record in records]
+    _write_text(out / "summary.csv", summary_csv(rows))
+    _write_text(out / "summary.md", summary_markdown(rows))
+    return records
+
+
+def _run(jobs: Sequence[Job], *, workers: int, ray_address: str | None):
+    """The records of ``jobs`` as they finish (any order)."""
+    if not jobs:
+        return
+    if ray_address is not None:
+        yield from _run_on_ray(jobs, ray_address)
+        return
+    count = max(1, min(workers or os.cpu_count() or 1, len(jobs)))
+    if count == 1:
+        for job in jobs:
+            yield run_job(job)
+        return
+    import concurrent.futures
+    import multiprocessing
+
+    # Spawned, not forked: a job lowers with JAX, whose runtime does not survive a fork.
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(count, mp_context=context) as pool:
+        futures = [pool.submit(run_job, job) for job in jobs]
+        for future in concurrent.futures.as_completed(futures):
+            yield future.result()
+
+
+def _run_on_ray(jobs: Sequence[Job], address: str):
+    try:
+        import ray
+    except ImportError:
+        raise ToastError("--ray: Ray is not installed (pip install 'ray[default]')") from None
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address=None if address == "local" else address, include_dashboard=False, log_to_driver=False)
+    try:
+        task = ray.remote(num_cpus=1)(run_job)
+        pending = [task.remote(job) for job in jobs]
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            yield ray.get(ready[0])
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def summary_row(record: dict[str, Any]) -> dict[str, Any]:
+    """One summary row (``SUMMARY_FIELDS``) of a job's record."""
+    settings = record["settings"]
+    row: dict[str, Any] = {field: "" for field in SUMMARY_FIELDS}
+    row.update(job=record["job"], model=settings["model"], mesh=settings["mesh"], hardware=settings["hardware"],
+               memory_gib="hbm" if settings["memory_gib"] is None else settings["memory_gib"], seed=settings["seed"],
+               status=record["status"], job_seconds=round(record.get("job_seconds", 0.0), 2))
+    if record["status"] != "ok":
+        row["error"] = record.get("error", "")
+        return row
+    strategies = record["comparison"]["strategies"]
+    toast_row = strategies[0]
+    row.update(toast_step_time_s=toast_row["step_time_s"], toast_peak_bytes=toast_row["peak_bytes"],
+               toast_over_memory=toast_row["over_memory"], search_seconds=round(toast_row["search_seconds"], 2))
+    applied = [s for s in strategies[1:] if s["applies"]]
+    fitting = [s for s in applied if not s["over_memory"]] or applied
+    if fitting:
+        best = min(fitting, key=lambda s: s["step_time_s"])
+        row.update(best_manual=best["strategy"], best_manual_step_time_s=best["step_time_s"],
+                   best_manual_peak_bytes=best["peak_bytes"],
+                   speedup=round(best["step_time_s"] / toast_row["step_time_s"], 4) if toast_row["step_time_s"] else "")
+    return row
+
+
+def summary_csv(rows: Sequence[dict[str, Any]]) -> str:
+    """The rows as CSV with a header (``SUMMARY_FIELDS``)."""
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=SUMMARY_FIELDS, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return text.getvalue()
+
+
+def summary_markdown(rows: Sequence[dict[str, Any]]) -> str:
+    """The rows as a Markdown table: step times and peaks in human units, errors in the last column."""
+    from toast.output.report import human_bytes, human_seconds
+
+    lines = ["| model | mesh | hardware | memory | seed | toast step | toast peak | over memory | best manual | "
+             "its step | speedup | search s | error |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        memory = row["memory_gib"] if row["memory_gib"] == "hbm" else f"{row['memory_gib']:g} GiB"
+        if row["status"] != "ok":
+            lines.append(f"| {row['model']} | {row['mesh']} | {row['hardware']} | {memory} | {row['seed']} | - | - | - "
+                         f"| - | - | - | - | {row['error']} |")
+            continue
+        best = row["best_manual"] or "-"
+        best_step = human_seconds(row["best_manual_step_time_s"]) if row["best_manual"] else "-"
+        speedup = f"{row['speedup']:.2f}x" if row["speedup"] != "" else "-"
+        lines.append(f"| {row['model']} | {row['mesh']} | {row['hardware']} | {memory} | {row['seed']} | "
+                     f"{human_seconds(row['toast_step_time_s'])} | {human_bytes(row['toast_peak_bytes'])} | "
+                     f"{'yes' if row['toast_over_memory'] else 'no'} | {best} | {best_step} | {speedup} | "
+                     f"{row['search_seconds']} | |")
+    return "\n".join(lines) + "\n"
+
+
+def _write_json(path: Path, document: dict[str, Any]) -> None:
+    _write_text(path, json.dumps(document, indent=1, sort_keys=True) + "\n")
+
+
+def _write_text(path: Path, text: str) -> None:
+    """Write whole or not at all (a temporary file renamed over the target): a rerun never reads half a
+    record."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    partial.replace(path)
