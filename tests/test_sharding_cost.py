@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 
 import jax.numpy as jnp
@@ -29,6 +30,12 @@ MLP = "toast.examples.mlp:mlp"
 ATTENTION = "toast.examples.attention:attention"
 MLP_ROLES = roles_for_input(MLP)  # toast/examples/mlp.roles.toml
 GPT_ROLES = roles_for_input("toast.examples.gpt:gpt_train_step")  # toast/examples/gpt.roles.toml
+
+
+@functools.cache
+def _small_gpt():
+    fn, args = gpt_train_step(layers=2, batch=4, seq=16, d_model=64, heads=4, vocab=128, d_ff=256)
+    return analyze("toast.examples.gpt:gpt_train_step", fn=fn, args=args)
 
 
 def _mlp_model():
@@ -103,8 +110,7 @@ def test_reshape_factors_must_divide():
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_gpt_manual_strategies_are_valid(strategy):
-    fn, args = gpt_train_step(layers=2, batch=4, seq=16, d_model=64, heads=4, vocab=128, d_ff=256)
-    analysis = analyze("toast.examples.gpt:gpt_train_step", fn=fn, args=args)
+    analysis = _small_gpt()
     model = ShardingModel(analysis, parse_mesh("batch=2,model=2"))
     state, actions = manual_strategy(model, strategy, GPT_ROLES)
     assert model.problem(state) == ""
@@ -140,8 +146,7 @@ def test_gpt_manual_strategies_are_valid(strategy):
 def test_composite_strategies(mesh, strategy, expected):
     """The paper's manual baselines combine FSDP, Megatron and sequence parallelism; the parts may come in
     any order."""
-    fn, args = gpt_train_step(layers=2, batch=4, seq=16, d_model=64, heads=4, vocab=128, d_ff=256)
-    analysis = analyze("toast.examples.gpt:gpt_train_step", fn=fn, args=args)
+    analysis = _small_gpt()
     model = ShardingModel(analysis, parse_mesh(mesh))
     state, _ = manual_strategy(model, strategy, GPT_ROLES)
     assert model.problem(state) == ""

@@ -82,6 +82,7 @@ def test_a_rerun_runs_no_recorded_job(local_run):
     assert ran == [] and _settled(again) == _settled(records)
 
 
+@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # Ray starts its processes by fork and exec
 def test_ray_cluster_gives_the_same_records(local_run, tmp_path):
     pytest.importorskip("ray", reason="Ray is not installed (pip install ray; .ci/run installs it)")
     folder, records = local_run

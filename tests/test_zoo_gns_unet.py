@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import jax
 import pytest
-from conftest import assert_like
+from conftest import analysis_of, assert_like
 
 import toast
 from toast.examples import gns, op_counts, unet
@@ -89,7 +89,7 @@ def small(request) -> SimpleNamespace:
     fn, args = FACTORIES[name][0]()
     lowered = jax.jit(fn).lower(*args)
     start = time.perf_counter()
-    analysis = toast.analyze(name, fn=fn, args=args, engine="embedded")
+    analysis = analysis_of(f"toast.examples.{name}:{name}_small")  # shared with the op-conformance suite
     print(f"{name} small: analysis {time.perf_counter() - start:.1f} s, {analysis.stats['ops']} ops")
     roles = toast.load_roles(Path(str(MODELS[name].__file__)).with_name(f"{name}.roles.toml"))
     return SimpleNamespace(name=name, fn=fn, args=args, lowered=lowered, analysis=analysis, roles=roles)
