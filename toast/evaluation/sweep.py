@@ -163,12 +163,16 @@ def run_job(job: Job) -> dict[str, Any]:
     return record
 
 
-_ANALYSES: dict[str, Any] = {}  # per worker process: jobs of one model analyze it once
+_ANALYSES: dict[str, Any] = {}  # per worker process, the last models analyzed: their jobs analyze them once
+_KEPT_ANALYSES = 4
 
 
 def _analysis(source: str, analyze: Callable[..., Any]):
-    if source not in _ANALYSES:
-        _ANALYSES.clear()  # one model at a time: the jobs come model by model
+    if source in _ANALYSES:
+        _ANALYSES[source] = _ANALYSES.pop(source)  # most recently used last
+    else:
+        while len(_ANALYSES) >= _KEPT_ANALYSES:
+            del _ANALYSES[next(iter(_ANALYSES))]
         _ANALYSES[source] = analyze(source, engine="embedded")
     return _ANALYSES[source]
 
