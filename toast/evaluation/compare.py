@@ -59,13 +59,6 @@ class CompareResult:
     found: Found
     rows: tuple[StrategyRow, ...]
 
-    @property
-    def best_manual(self) -> StrategyRow | None:
-        """The manual strategy with the lowest step time among those that fit (else among all that apply)."""
-        applied = [row for row in self.rows[1:] if row.cost is not None]
-        fitting = [row for row in applied if not row.over_memory] or applied
-        return min(fitting, key=lambda row: row.cost.step_time_s if row.cost else 0.0, default=None)
-
 
 def check_host_validation(mesh: Mesh, *, validate_on_host: bool) -> None:
     """Raises ``ToastError`` when host validation is asked for on a mesh of more than ``MAX_HOST_DEVICES``."""

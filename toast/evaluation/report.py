@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from toast.analysis.naming import describe_name
 from toast.evaluation.compare import CompareResult
 from toast.output.report import human_bytes, human_seconds
 from toast.resources import template
@@ -35,8 +36,6 @@ def report_section(result: CompareResult) -> dict[str, Any]:
     for action in search.actions:
         for color in action.colors:
             names = model.names_of_color(color)
-            from toast.analysis.naming import describe_name
-
             axis_colors[action.axis].append({"color": color, "names": int(len(names)),
                                              "example": describe_name(analysis, int(names[0]))})
     collectives = [{"kind": c.kind, "axes": "+".join(c.axes), "value": program.values[c.value].name,

@@ -158,9 +158,16 @@ def run_job(job: Job) -> dict[str, Any]:
                          memory_gib=job.memory_gib)
         record.update(status="ok", comparison=comparison_json(result), report=report_section(result))
     except (ToastError, ValueError) as err:  # ValueError: a factory's own check of its sizes
-        record.update(status="error", error=str(err).splitlines()[0] if str(err) else type(err).__name__)
+        record.update(status="error", error=_first_line(err))
+    except Exception as err:  # noqa: BLE001 - one job's failure must not stop the sweep; it is in its row
+        record.update(status="error", error=f"internal error: {type(err).__name__}: {_first_line(err)}")
     record["job_seconds"] = time.perf_counter() - start
     return record
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err)
+    return text.splitlines()[0] if text else type(err).__name__
 
 
 _ANALYSES: dict[str, Any] = {}  # per worker process, the last models analyzed: their jobs analyze them once
