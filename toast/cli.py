@@ -105,13 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     autoshard_parser = commands.add_parser("autoshard", help="search a sharding (MCTS over the analysis's actions, "
                                            "guided by the cost model) and compare it with the manual strategies")
     _add_analysis_options(autoshard_parser)
-    autoshard_parser.add_argument("--mesh", required=True, help="logical mesh, e.g. batch=4,model=2 or "
-                                  "data=2,seq=2,model=2")
-    autoshard_parser.add_argument("--hardware", default="a100_80gb", help="accelerator profile (hardware/NAME.toml) "
-                                  "or a TOML path")
     _add_search_options(autoshard_parser)
-    autoshard_parser.add_argument("--roles", metavar="FILE", help="roles file for the manual strategies of the "
-                                  "comparison table (default: <module>.roles.toml beside the module)")
     autoshard_parser.add_argument("-o", "--output", metavar="FILE", help="write the strategy JSON to FILE")
     autoshard_parser.add_argument("--emit", metavar="FILE", help="write the StableHLO annotated with the "
                                   "shardings to FILE")
@@ -120,12 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     compare_parser = commands.add_parser("compare", help="toast's search against every manual strategy that "
                                          "applies: step time, peak per device, over memory, search seconds")
     _add_analysis_options(compare_parser)
-    compare_parser.add_argument("--mesh", required=True, help="logical mesh, e.g. batch=4,model=2")
-    compare_parser.add_argument("--hardware", default="a100_80gb", help="accelerator profile (hardware/NAME.toml) "
-                                "or a TOML path")
     _add_search_options(compare_parser)
-    compare_parser.add_argument("--roles", metavar="FILE", help="roles file for the manual strategies (default: "
-                                "<module>.roles.toml beside the module)")
     compare_parser.add_argument("--validate", action="store_true", help="also compile and run every strategy "
                                 "that applies with XLA on host CPU devices (numerics and collectives)")
     compare_parser.add_argument("--json", metavar="FILE", help="write the comparison as JSON to FILE")
@@ -383,7 +372,12 @@ def _cost(options: argparse.Namespace, analysis, hardware, mesh, strategy, roles
 
 
 def _add_search_options(parser: argparse.ArgumentParser) -> None:
-    """The search's options, shared by ``autoshard`` and ``compare``."""
+    """The mesh, hardware, search and roles options, shared by ``autoshard`` and ``compare``."""
+    parser.add_argument("--mesh", required=True, help="logical mesh, e.g. batch=4,model=2 or data=2,seq=2,model=2")
+    parser.add_argument("--hardware", default="a100_80gb", help="accelerator profile (hardware/NAME.toml) or a "
+                        "TOML path")
+    parser.add_argument("--roles", metavar="FILE", help="roles file for the manual strategies of the comparison "
+                        "table (default: <module>.roles.toml beside the module)")
     parser.add_argument("--memory", type=float, metavar="GiB", help="memory per device in GiB "
                                   "(default: the profile's HBM)")
     budget = parser.add_mutually_exclusive_group()
@@ -461,14 +455,10 @@ def _autoshard(options: argparse.Namespace, analysis, mesh, hardware, settings, 
     if options.output:
         outputs.append(Output("-o", Path(options.output), json_text(found.document)))
     if options.report:
-        from toast.evaluation.compare import CompareResult, StrategyRow
+        from toast.evaluation.compare import comparison_result
         from toast.evaluation.report import report_html, report_section
 
-        report_rows = [StrategyRow("toast", found.result.cost, found.over_memory,
-                                   search_seconds=found.result.seconds, state=found.result.state)]
-        report_rows += [StrategyRow(row.name, row.cost, row.over_memory, row.reason, state=row.state)
-                        for row in manual]
-        section = report_section(CompareResult(found, tuple(report_rows)))
+        section = report_section(comparison_result(found, manual))
         outputs.append(Output("--report", Path(options.report), report_html(
             [section], title=f"toast autoshard: {analysis.program.name} on {mesh.spec()}")))
     if options.emit:

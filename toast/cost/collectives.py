@@ -345,10 +345,18 @@ class CommunicationModel:
             ranked = np.zeros(0, dtype=np.int64)
         return np.concatenate((ranked, classes.scalar_bytes))
 
+    def value_and_class_bytes(self, state: ShardingState) -> tuple[np.ndarray, np.ndarray | None]:
+        """``(value_bytes(state), class_bytes(state))``, the second ``None`` without a partition; each computed
+        once."""
+        if state.partition is None:
+            return self.value_bytes(state), None
+        class_bytes = self.class_bytes(state)
+        return class_bytes.take(self.byte_classes(state.partition).value_class), class_bytes
+
     def value_bytes(self, state: ShardingState) -> np.ndarray:
         """``int64[values]``: bytes per device of every value's definition under ``state``."""
         if state.partition is not None:
-            return self.class_bytes(state).take(self.byte_classes(state.partition).value_class)
+            return self.value_and_class_bytes(state)[0]
         defs = self._defs
         # Local sizes: floor(size / devices) is exact in float64 (sizes below 2**53); index ``defs`` holds 1.
         local = np.ones(defs + 1, dtype=np.int64)

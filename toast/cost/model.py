@@ -339,12 +339,7 @@ class CostModel:
         return np.maximum(compute_time, memory_time) + self.overhead, compute_time, memory_time
 
     def _absolute(self, state: ShardingState, *, collectives: bool = True):
-        class_bytes = None
-        if state.partition is not None:  # bytes per class of values, computed once for kernels and values
-            class_bytes = self.communication.class_bytes(state)
-            value_bytes = class_bytes.take(self.communication.byte_classes(state.partition).value_class)
-        else:
-            value_bytes = self.communication.value_bytes(state)
+        value_bytes, class_bytes = self.communication.value_and_class_bytes(state)
         seconds, compute_time, memory_time = self.kernel_times(state, value_bytes, class_bytes=class_bytes)
         repeats = self.repeats
         compute_bound = compute_time >= memory_time

@@ -9,6 +9,7 @@ the unsharded program's, and the collectives XLA inserted are compared with the 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 from toast.cost.hardware import Hardware
 from toast.cost.model import Cost
 from toast.errors import ToastError
-from toast.output.autoshard import Found, compare_manual, find_strategy
+from toast.output.autoshard import Comparison, Found, compare_manual, find_strategy
 from toast.output.report import human_bytes, human_seconds
 from toast.search.mcts import RoundResult, SearchSettings
 from toast.sharding.mesh import Mesh
@@ -92,15 +93,18 @@ def compare(analysis, mesh: Mesh, hardware: Hardware, *, source: str, roles: Rol
     check_host_validation(mesh, validate_on_host=validate_on_host)
     found = find_strategy(analysis, mesh, hardware, source=source, pinned=pinned, settings=settings,
                           memory_gib=memory_gib, progress=progress)
+    result = comparison_result(found, compare_manual(found, roles) if roles is not None else [])
+    if not validate_on_host:
+        return result
+    return CompareResult(found, tuple(row if row.state is None else dataclasses.replace(
+        row, agreement=validate(found.model, row.state, hardware, seed=settings.seed)) for row in result.rows))
+
+
+def comparison_result(found: Found, manual: Sequence[Comparison]) -> CompareResult:
+    """toast's row (from the search) then the manual strategies' rows (``compare_manual``)."""
     rows = [StrategyRow("toast", found.result.cost, found.over_memory, search_seconds=found.result.seconds,
                         state=found.result.state)]
-    if roles is not None:
-        rows += [StrategyRow(row.name, row.cost, row.over_memory, row.reason, state=row.state)
-                 for row in compare_manual(found, roles)]
-    if validate_on_host:
-        rows = [row if row.state is None else StrategyRow(
-            row.name, row.cost, row.over_memory, row.reason, row.search_seconds,
-            validate(found.model, row.state, hardware, seed=settings.seed), row.state) for row in rows]
+    rows += [StrategyRow(row.name, row.cost, row.over_memory, row.reason, state=row.state) for row in manual]
     return CompareResult(found, tuple(rows))
 
 

@@ -276,7 +276,6 @@ class ActionSpace:
         self._atoms_of: list[np.ndarray] = []
         self._neighbours: list[np.ndarray] = []
         kept_bits: list[int] = []
-        self.dropped: tuple[SearchAction, ...] = ()
         dropped: list[SearchAction] = []
         for action, names, bit in zip(actions, names_of, bits, strict=True):
             atoms = np.unique(atom_of_name[names])
@@ -293,7 +292,7 @@ class ActionSpace:
             self._neighbours.append(neighbours)
             kept_bits.append(bit)
         self.actions = tuple(kept_actions)
-        self.dropped = tuple(dropped)
+        self.dropped: tuple[SearchAction, ...] = tuple(dropped)
         self._bits = np.asarray(kept_bits, dtype=np.uint8)
         self.initial_atoms = self.initial.masks[self.partition.first_name]
 

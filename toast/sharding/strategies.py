@@ -51,7 +51,7 @@ STRATEGIES = tuple(NEEDS)
 TWO_AXES = ("megatron", "sequence")
 # Combinations of the strategies above (each includes data parallelism), in canonical order.
 COMPOSITES = ("fsdp+megatron", "fsdp+sequence", "megatron+sequence", "fsdp+megatron+sequence")
-_COMPONENT_ORDER = ("megatron", "sequence", "fsdp")
+_COMBINABLE = ("megatron", "sequence", "fsdp")  # data parallelism is in each
 DATA_AXIS_NAMES = ("batch", "data", "dp")
 MODEL_AXIS_NAMES = ("model", "tensor", "tp", "mp")
 SEQUENCE_AXIS_NAMES = ("sequence", "seq", "sp", "context", *MODEL_AXIS_NAMES)
@@ -98,7 +98,7 @@ def strategy_parts(name: str) -> tuple[str, ...]:
     if len(parts) == 1 and parts[0] in NEEDS:
         return parts
     known = ", ".join(STRATEGIES + COMPOSITES)
-    if len(parts) == 1 or any(part not in _COMPONENT_ORDER for part in parts) or len(set(parts)) < len(parts):
+    if len(parts) == 1 or any(part not in _COMBINABLE for part in parts) or len(set(parts)) < len(parts):
         raise ToastError(f"unknown strategy '{name}' (known: {known}; combine fsdp, megatron and sequence "
                          "with '+')")
     return parts
