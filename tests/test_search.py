@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from conftest import analysis_of
 from jax.sharding import PartitionSpec as P
@@ -129,17 +130,59 @@ def test_costing_by_atoms_equals_costing_every_name():
 
 
 def test_an_action_dropped_from_the_space_is_invalid_everywhere():
-    """Actions that put one axis on two dims of a tensor whatever the state (two of their own names in it)
-    are left out of the space; the full check rejects each of them, already in the initial state."""
+    """Actions that change a pinned argument whatever the state are left out of the space: pinned whole, the
+    tokens' names keep mask 0, and every dropped action would set a bit on one of them."""
     model = ShardingModel(analysis_of(GPT), parse_mesh("batch=2,model=4"))
-    space = ActionSpace(model, min_names=1)
+    space = ActionSpace(model, min_names=1, pinned={"tokens": P(None, None)})
     assert space.dropped
     for action in space.dropped:
         state = model.initial()
         for single in action.as_actions():
             state = model.apply(state, single, check=False)
-        assert "one mesh axis shards two of its dims" in model.problem(state)
+        assert state.masks[space.pin_names].any()
         assert action not in space.actions
+
+
+def test_mirrored_classes_never_hold_two_dims_of_one_tensor():
+    """A U-Net block's two norm scales are used alike (same shape, same ops) but scale different channel dims
+    (the block's input and its first convolution's output), and the second convolution's kernel holds both.
+    One class of both would be an action no state can take; the classes keep them apart, so Megatron's
+    channel split (the first convolution's output channels along ``model``) is an action of the space."""
+    from toast.search import mirror_classes
+    from toast.search.actions import colors_sharing_a_tensor
+    from toast.sharding.strategies import role_colors
+
+    analysis = analysis_of("toast.examples.unet:unet_small")
+    model = ShardingModel(analysis, parse_mesh("batch=2,model=2"))
+    sharing = colors_sharing_a_tensor(model)
+    for colors in mirror_classes(model):
+        assert not any(sharing[c] & set(colors) for c in colors)
+    space = ActionSpace(model, min_names=1)
+    roles = toast.roles_for_input("toast.examples.unet:unet_small")
+    channels = role_colors(analysis, roles, "mlp")
+    taken = {c for action in space.actions if action.axis == "model" and not action.stored for c in action.colors}
+    assert set(channels) <= taken
+
+
+def test_a_stored_action_splits_the_parameters_not_the_activations():
+    """A stored action (FSDP in the search's terms) splits a class's parameter dims and their update chains
+    along its axis, and leaves the activations of the same colors whole: the batch may hold that axis."""
+    analysis = analysis_of(GPT)
+    model = ShardingModel(analysis, parse_mesh("batch=2,model=4"))
+    space = ActionSpace(model)
+    program, names = analysis.program, analysis.names
+    w_fc = next(v for v in program.arguments if program.values[v].name == "params['blocks'][0]['w_fc']")
+    hidden = int(analysis.color_of[names.def_base[w_fc] + 1])
+    stored = next(i for i, a in enumerate(space.actions) if a.stored and a.axis == "batch" and hidden in a.colors)
+    state = space.apply(space.state(space.initial_atoms), stored)
+    assert state is not None and not model.problem(state)
+    assert state.masks[names.def_base[w_fc] + 1] == 1  # the parameter's hidden dim, along batch
+    hidden_names = model.names_of_color(hidden)
+    assert 0 < int(np.count_nonzero(state.masks[hidden_names])) < len(hidden_names)  # activations stay whole
+    tokens = next(v for v in program.arguments if program.values[v].name == "tokens")
+    batch_first = next(i for i, a in enumerate(space.actions) if not a.stored and a.axis == "batch"
+                       and int(analysis.color_of[names.def_base[tokens]]) in a.colors)
+    assert space.apply(state, batch_first) is not None  # the batch can still take the axis
 
 
 def test_same_seed_same_strategy_on_one_and_two_workers():

@@ -34,9 +34,14 @@ def report_section(result: CompareResult) -> dict[str, Any]:
     program = analysis.program
     axis_colors: dict[str, list[dict[str, Any]]] = {axis: [] for axis, _ in model.mesh.axes}
     for action in search.actions:
+        stored = set(action.stored)
         for color in action.colors:
             names = model.names_of_color(color)
-            axis_colors[action.axis].append({"color": color, "names": int(len(names)),
+            if stored:  # only the parameters' names (and their update chains) of the color
+                names = names[np.isin(analysis.node_of[names], np.fromiter(stored, dtype=np.int64))]
+                if not len(names):
+                    continue
+            axis_colors[action.axis].append({"color": color, "names": int(len(names)), "stored": bool(stored),
                                              "example": describe_name(analysis, int(names[0]))})
     collectives = [{"kind": c.kind, "axes": "+".join(c.axes), "value": program.values[c.value].name,
                     "op": program.ops[c.op].kind, "bytes_in": c.bytes_in, "bytes_out": c.bytes_out,

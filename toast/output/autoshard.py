@@ -146,7 +146,8 @@ def find_strategy(analysis, mesh: Mesh, hardware: Hardware, *, source: str,
         raise ToastError(f"--memory {memory_gib:g}: give the memory per device in GiB, more than 0")
     device_memory = float(memory_gib * GIB) if memory_gib is not None else float(hardware.hbm_bytes)
     model = ShardingModel(analysis, mesh)
-    space = ActionSpace(model, min_names=settings.min_names, mirror_layers=settings.mirror_layers, pinned=pinned)
+    space = ActionSpace(model, min_names=settings.min_names, mirror_layers=settings.mirror_layers,
+                        stored_parameters=settings.stored_parameters, pinned=pinned)
     costs = CostModel(model, hardware, device_memory=device_memory)
     costs.prepare(space.partition)
     result = search(space, costs, settings=settings, progress=progress)

@@ -9,7 +9,13 @@ axis, except, in each conflict, the endpoint the resolution bits do not pick (``
   parameters of repeated layers are used alike. Dim ``d`` of every member of a group is one decision, so
   the colors of those dims form one class (union-find). Colors of intermediates alone (no argument dim) are
   mirrored when their names are made and used alike (same ops, dims, shapes, element types): a per-layer
-  activation dim. A 24-layer model then has the action space of a 1-layer one.
+  activation dim. A 24-layer model then has the action space of a 1-layer one. Where arguments are named,
+  the group key also holds the name with list indices as ``[*]`` (``layer_pattern``), and two colors that
+  share a tensor never join one class (``colors_sharing_a_tensor``): a block's two norm scales are used
+  alike but scale different channel dims, and a class holding both would be an action no state can take.
+- **Stored actions** (``SearchAction.stored``): per class and axis, split only the class's parameter dims
+  and their update chains (ZeRO-3 / FSDP); a parameter is then gathered where it is used. No color action
+  can do that once the batch holds the axis, since the activations carry the same colors.
 - **Pruning.** Classes whose colors hold fewer than ``min_names`` distinct dimension names are dropped (the
   paper's threshold is 10): sharding them cannot pay. So are actions on an axis that does not divide one of
   their dims (unit dims of broadcasts and reshapes): never valid.
@@ -31,13 +37,15 @@ contradicts the program's colors (two pins giving one color different axes) is a
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from toast.errors import ToastError
-from toast.sharding.state import Action, InvalidState, NamePartition, ShardingModel, ShardingState
+from toast.sharding.state import Action, InvalidState, NamePartition, ShardingModel, ShardingState, ShardNodes
+from toast.sharding.strategies import stored_nodes, update_chains
 
 # More resolution bits than this on one class: only all-0 and all-1 orders are offered (2^bits would explode).
 MAX_ENUMERATED_BITS = 4
@@ -51,20 +59,36 @@ class SearchAction:
       colors: the colors it shards (one, or a mirror class of repeated layers), ascending.
       axis: the mesh axis.
       resolution: one bit per resolution group (``Conflicts.groups``).
+      stored: empty for an action that shards the colors everywhere; else the dimension-graph nodes (ascending)
+        of a **stored** action: only the parameters' dims of these colors, with their update chains
+        (``toast.sharding.strategies.update_chains``), are split; where a parameter is used it is gathered
+        (ZeRO-3 / FSDP: what no color action can do once the activations' batch takes the axis).
     """
 
     colors: tuple[int, ...]
     axis: str
     resolution: tuple[int, ...]
+    stored: tuple[int, ...] = ()
 
-    def as_actions(self) -> tuple[Action, ...]:
-        """The same as ``toast.Action``s, one per color (what ``ShardingModel.apply`` takes)."""
+    def as_actions(self) -> tuple[Action | ShardNodes, ...]:
+        """The same as ``toast.Action``s, one per color (what ``ShardingModel.apply`` takes), or, for a
+        stored action, one ``ShardNodes``."""
+        if self.stored:
+            return (ShardNodes(self.stored, self.axis, f"parameters of colors {list(self.colors)} stored split"),)
         return tuple(Action(color, self.axis, self.resolution) for color in self.colors)
 
 
+def layer_pattern(name: str) -> str:
+    """An argument's name with its list indices as ``[*]`` (``params['down'][3]['conv1_kernel']`` ->
+    ``params['down'][*]['conv1_kernel']``): the same parameter of every repeated layer. SSA names (``%arg3``,
+    a ``.mlir`` file's arguments) say nothing: ``""``."""
+    return "" if name.startswith("%") else re.sub(r"\[\d+\]", "[*]", name)
+
+
 def argument_groups(model: ShardingModel) -> list[list[int]]:
-    """Indices of ``@main``'s arguments grouped by their use key (section 4.4); groups of two or more, each
-    ascending, ordered by first member."""
+    """Indices of ``@main``'s arguments grouped by their use key (section 4.4) and, where arguments are named,
+    by ``layer_pattern``: a layer's two norm scales are used alike but scale different dims. Groups of two or
+    more, each ascending, ordered by first member."""
     program = model.analysis.program
     uses: dict[int, list[tuple]] = {v: [] for v in program.arguments}
     for op in program.ops:
@@ -77,65 +101,112 @@ def argument_groups(model: ShardingModel) -> list[list[int]]:
         value = program.values[value_id]
         if not value.shape:
             continue
-        key = (value.shape, value.dtype, tuple(sorted(uses[value_id])))
+        key = (value.shape, value.dtype, layer_pattern(value.name), tuple(sorted(uses[value_id])))
         groups.setdefault(key, []).append(index)
     return sorted(g for g in groups.values() if len(g) > 1)
 
 
+def colors_sharing_a_tensor(model: ShardingModel) -> list[set[int]]:
+    """For each color, the other colors whose names sit in one tensor with one of its names (at a definition
+    or a use): one action can never shard both along one axis."""
+    color_of = np.asarray(model.analysis.color_of, dtype=np.int64)
+    count = len(color_of)
+    site_of = np.searchsorted(model.site_starts, np.arange(count), side="right") - 1
+    keep = site_of >= 0
+    # Distinct (site, color) pairs, sorted by site: a site's colors are then contiguous.
+    pairs = np.unique(np.stack([site_of[keep], color_of[keep]], axis=1), axis=0)
+    sharing: list[set[int]] = [set() for _ in range(len(model.analysis.colors))]
+    for offset in range(1, len(pairs)):
+        same = pairs[offset:, 0] == pairs[:-offset, 0]
+        if not same.any():
+            break
+        for a, b in zip(pairs[:-offset, 1][same].tolist(), pairs[offset:, 1][same].tolist(), strict=True):
+            sharing[a].add(b)
+            sharing[b].add(a)
+    return sharing
+
+
+class _ColorClasses:
+    """Union-find over colors that never joins two colors sharing a tensor: a class is one action, and an
+    action holding two dims of one tensor is invalid in every state."""
+
+    def __init__(self, sharing: list[set[int]]):
+        self.parent = list(range(len(sharing)))
+        self.members = [{c} for c in range(len(sharing))]  # by root
+        self.forbidden = [set(s) for s in sharing]  # by root: colors sharing a tensor with a member
+
+    def find(self, color: int) -> int:
+        parent = self.parent
+        while parent[color] != color:
+            parent[color] = parent[parent[color]]
+            color = parent[color]
+        return color
+
+    def join(self, a: int, b: int) -> bool:
+        """Join the classes of ``a`` and ``b`` unless they share a tensor; whether they are one class now."""
+        a, b = self.find(a), self.find(b)
+        if a == b:
+            return True
+        if not self.members[b].isdisjoint(self.forbidden[a]):
+            return False
+        keep, gone = min(a, b), max(a, b)
+        self.parent[gone] = keep
+        self.members[keep] |= self.members[gone]
+        self.forbidden[keep] |= self.forbidden[gone]
+        self.members[gone], self.forbidden[gone] = set(), set()
+        return True
+
+    def join_alike(self, colors: Sequence[int]) -> None:
+        """Colors that the evidence says are alike: each joins the first class of them it can join (so
+        parameters used alike within one layer, e.g. the scales of two norms over different channel dims,
+        split into one class per dim instead of one class no action can take)."""
+        clusters: list[int] = []
+        for color in colors:
+            if not any(self.join(cluster, color) for cluster in clusters):
+                clusters.append(color)
+
+
 def mirror_classes(model: ShardingModel, *, mirror_layers: bool = True) -> list[tuple[int, ...]]:
     """The colors grouped by repeated layers (each class ascending, classes by first color); every color is in
-    exactly one class."""
+    exactly one class, and no class holds two colors that share a tensor."""
     analysis = model.analysis
     color_count = len(analysis.colors)
-    parent = list(range(color_count))
-
-    def find(c: int) -> int:
-        while parent[c] != c:
-            parent[c] = parent[parent[c]]
-            c = parent[c]
-        return c
-
-    if mirror_layers:
-        program, names = analysis.program, analysis.names
-        for group in argument_groups(model):
-            values = [program.arguments[i] for i in group]
-            for dim in range(len(program.values[values[0]].shape)):
-                colors = [int(analysis.color_of[names.def_base[v] + dim]) for v in values]
-                for other in colors[1:]:
-                    a, b = find(colors[0]), find(other)
-                    if a != b:
-                        parent[max(a, b)] = min(a, b)
-        # Colors of intermediates only (no argument dim) are mirrored when they look alike: the same ops use
-        # and make their names at the same dims of the same shapes (a per-layer activation dim).
-        argument_colors = {int(analysis.color_of[names.def_base[v] + d]) for v in program.arguments
-                           for d in range(len(program.values[v].shape))}
-        signatures: dict[int, list[tuple]] = {}
-        for name, (value_id, dim) in enumerate(names.defs):
-            color = int(analysis.color_of[name])
-            if color not in argument_colors:
-                p = program.producer[value_id]
-                value = program.values[value_id]
-                signatures.setdefault(color, []).append(
-                    ("def", program.ops[p].kind if p >= 0 else "arg", dim, value.shape, value.dtype))
-        defs = len(names.defs)
-        for offset, (op_id, operand, dim) in enumerate(names.uses):
-            color = int(analysis.color_of[defs + offset])
-            if color in signatures:
-                value = program.values[program.ops[op_id].operands[operand]]
-                signatures[color].append(("use", program.ops[op_id].kind, operand, dim, value.shape, value.dtype))
-        alike: dict[tuple, int] = {}
-        for color, signature in sorted(signatures.items()):
-            key = tuple(sorted(signature))
-            if key in alike:
-                a, b = find(alike[key]), find(color)
-                if a != b:
-                    parent[max(a, b)] = min(a, b)
-            else:
-                alike[key] = color
-    classes: dict[int, list[int]] = {}
+    if not mirror_layers:
+        return [(color,) for color in range(color_count)]
+    classes = _ColorClasses(colors_sharing_a_tensor(model))
+    program, names = analysis.program, analysis.names
+    for group in argument_groups(model):
+        values = [program.arguments[i] for i in group]
+        for dim in range(len(program.values[values[0]].shape)):
+            classes.join_alike([int(analysis.color_of[names.def_base[v] + dim]) for v in values])
+    # Colors of intermediates only (no argument dim) are mirrored when they look alike: the same ops use
+    # and make their names at the same dims of the same shapes (a per-layer activation dim).
+    argument_colors = {int(analysis.color_of[names.def_base[v] + d]) for v in program.arguments
+                       for d in range(len(program.values[v].shape))}
+    signatures: dict[int, list[tuple]] = {}
+    for name, (value_id, dim) in enumerate(names.defs):
+        color = int(analysis.color_of[name])
+        if color not in argument_colors:
+            p = program.producer[value_id]
+            value = program.values[value_id]
+            signatures.setdefault(color, []).append(
+                ("def", program.ops[p].kind if p >= 0 else "arg", dim, value.shape, value.dtype))
+    defs = len(names.defs)
+    for offset, (op_id, operand, dim) in enumerate(names.uses):
+        color = int(analysis.color_of[defs + offset])
+        if color in signatures:
+            value = program.values[program.ops[op_id].operands[operand]]
+            signatures[color].append(("use", program.ops[op_id].kind, operand, dim, value.shape, value.dtype))
+    alike: dict[tuple, list[int]] = {}
+    for color, signature in sorted(signatures.items()):
+        key = tuple(sorted(signature))
+        alike.setdefault(key, []).append(color)
+    for colors in alike.values():
+        classes.join_alike(colors)
+    by_root: dict[int, list[int]] = {}
     for color in range(color_count):
-        classes.setdefault(find(color), []).append(color)
-    return sorted(tuple(c) for c in classes.values())
+        by_root.setdefault(classes.find(color), []).append(color)
+    return sorted(tuple(c) for c in by_root.values())
 
 
 def parse_pins(text: str) -> dict[str, tuple]:
@@ -175,7 +246,7 @@ class ActionSpace:
     """
 
     def __init__(self, model: ShardingModel, *, min_names: int = 10, mirror_layers: bool = True,
-                 pinned: Mapping[str, Sequence] | None = None):
+                 stored_parameters: bool = True, pinned: Mapping[str, Sequence] | None = None):
         self.model = model
         analysis = model.analysis
         conflicts = analysis.conflicts
@@ -215,9 +286,48 @@ class ActionSpace:
                     actions.append(SearchAction(tuple(colors), axis, tuple(resolution)))
                     names_of.append(selected)
                     bits.append(1 << axis_index)
+        if stored_parameters:
+            for action, selected, bit in self._stored_actions(min_names=min_names):
+                actions.append(action)
+                names_of.append(selected)
+                bits.append(bit)
         self.pin_names, self.pin_masks = self._pins(pinned or {})
         self.initial = self._pinned_state()
         self._build_atoms(actions, names_of, bits)
+
+    def _stored_actions(self, *, min_names: int) -> list[tuple[SearchAction, np.ndarray, int]]:
+        """The stored actions: per class and axis, the class's parameter dims and their update chains split
+        (``SearchAction.stored``); none where that is every name of the class (the color action does it)."""
+        model = self.model
+        analysis = model.analysis
+        names = analysis.names
+        dims_of_color: dict[int, list[tuple[int, int]]] = {}
+        chains = update_chains(analysis)
+        for value_id in chains:
+            for dim in range(len(analysis.program.values[value_id].shape)):
+                dims_of_color.setdefault(int(analysis.color_of[names.def_base[value_id] + dim]), []).append(
+                    (value_id, dim))
+        by_node = np.argsort(analysis.node_of, kind="stable")
+        node_starts = np.searchsorted(analysis.node_of[by_node], np.arange(int(analysis.node_of.max()) + 2))
+        stored = []
+        for colors in self.classes:
+            nodes: set[int] = set()
+            for color in colors:
+                for value_id, dim in dims_of_color.get(color, ()):
+                    nodes |= stored_nodes(analysis, value_id, dim, chains[value_id])
+            if not nodes:
+                continue
+            node_list = sorted(nodes)
+            selected = np.sort(np.concatenate([by_node[node_starts[n]:node_starts[n + 1]] for n in node_list]))
+            if len(selected) < min_names or len(selected) == sum(len(model.names_of_color(c)) for c in colors):
+                continue
+            for axis_index, (axis, size) in enumerate(model.mesh.axes):
+                if np.any(model.name_size[selected] % size):
+                    continue
+                action = SearchAction(tuple(colors), axis, (0,) * analysis.conflicts.resolution_bits,
+                                      tuple(node_list))
+                stored.append((action, selected, 1 << axis_index))
+        return stored
 
     def _build_atoms(self, actions: list[SearchAction], names_of: list[np.ndarray], bits: list[int]) -> None:
         """Group the dimension names into **atoms**: names that start alike (mask, pin) and that the same
@@ -320,7 +430,7 @@ class ActionSpace:
         following[atoms] = after
         return following
 
-    def state(self, atom_masks: np.ndarray, actions: tuple[Action, ...] = ()) -> ShardingState:
+    def state(self, atom_masks: np.ndarray, actions: tuple[Action | ShardNodes, ...] = ()) -> ShardingState:
         """The sharding state of atom masks (every name takes its atom's mask)."""
         return ShardingState(self.model.mesh, atom_masks[self.partition.part_of_name], actions, self.partition)
 

@@ -11,11 +11,17 @@ action order that reaches the same sharding is the same node, and no state is co
 
 A **round** runs ``rollouts_per_round`` rollouts split over ``lanes`` independent trees (root
 parallelism), each lane seeded from ``(seed, round, lane)``; the best trajectory over all lanes (lowest
-cost, then fewest actions, then lowest lane) is kept and the next round searches on from its state. The
-search stops early when ``patience`` rounds in a row fail to improve the best cost, or when the rollout or
+cost, then fewest actions, then lowest lane) is kept, less the actions whose removal costs nothing
+(``_trim``), and the next round searches on from its state. The search stops early when ``patience``
+rounds in a row fail to improve the best cost, or when the rollout or
 time budget is spent. Lanes run in worker processes that share nothing but their results, so the same seed
 gives the same strategy on any number of workers (with a rollout budget; a time budget cuts rounds where
 the clock says).
+
+**Polish.** Rounds commit whole trajectories, so a random action taken early can hold a mesh axis that a
+better plan needs (a channel dim on the axis the images' batch wants, on a U-Net). After its rounds, each
+phase improves its actions by local search (``_polish``): remove one action, descend greedily from what is
+left, and take the first such move that lowers the cost, until none does.
 
 **Phases** (the composite strategies of PartIR): a search may run in phases, each restricted to some mesh
 axes and optimizing ``runtime`` (``C(s)``) or ``memory`` (peak bytes relative to the unsharded peak, runtime
@@ -69,6 +75,9 @@ class SearchSettings:
       patience: rounds in a row without improvement before stopping.
       min_names: actions touching fewer distinct dimension names are pruned (the paper's 10).
       mirror_layers: mirror actions over repeated layers (section 4.4).
+      stored_parameters: offer stored actions (``SearchAction.stored``: parameters split where they are kept
+        and updated, gathered where used; FSDP).
+      polish: after each phase's rounds, improve its actions by local search (``_polish``).
       phases: the phases, in order (default: one over all axes, runtime).
     """
 
@@ -85,6 +94,8 @@ class SearchSettings:
     patience: int = 1
     min_names: int = 10
     mirror_layers: bool = True
+    stored_parameters: bool = True
+    polish: bool = True
     phases: tuple[Phase, ...] = (Phase(),)
 
     def to_json(self) -> dict[str, Any]:
@@ -94,14 +105,15 @@ class SearchSettings:
             "rollouts_per_round": self.rollouts_per_round, "lanes": self.lanes, "max_depth": self.max_depth,
             "exploration": self.exploration, "stop_probability": self.stop_probability,
             "length_penalty": self.length_penalty, "patience": self.patience, "min_names": self.min_names,
-            "mirror_layers": self.mirror_layers,
+            "mirror_layers": self.mirror_layers, "stored_parameters": self.stored_parameters, "polish": self.polish,
             "phases": [{"axes": list(p.axes), "goal": p.goal} for p in self.phases],
         }
 
 
 @dataclass(frozen=True, slots=True)
 class RoundResult:
-    """One round: its phase, the best cost after it, and the rollouts it ran."""
+    """One round: its phase, the best cost after it, and the rollouts it ran (0: the phase's polish step,
+    ``SearchSettings.polish``)."""
 
     phase: int
     best_relative: float
@@ -301,6 +313,98 @@ def _run_lane(space: ActionSpace, memo: _Memo, settings: SearchSettings, task: _
     return _LaneResult(best_score, best_actions, done, len(memo.cache) - evaluated_before)
 
 
+def _replay(space: ActionSpace, actions: list[int]) -> np.ndarray | None:
+    """The atoms' masks after ``actions`` from the initial state; ``None`` where one is invalid."""
+    atoms = space.initial_atoms
+    for action in actions:
+        following = space.step(atoms, action)
+        if following is None:
+            return None
+        atoms = following
+    return atoms
+
+
+def _trim(space: ActionSpace, memo: _Memo, actions: list[int], *, keep: int, goal: str
+          ) -> tuple[list[int], float]:
+    """``actions`` without those (past the first ``keep``) whose removal costs nothing, last first, and the
+    score of what is left. A winning trajectory carries random actions that happen not to hurt; kept, they
+    could block an axis a later round needs (a batch dim cannot take an axis a channel dim holds)."""
+    atoms = _replay(space, actions)
+    assert atoms is not None, "a committed trajectory replays"
+    score = memo.score(memo.key(atoms), goal)
+    for position in range(len(actions) - 1, keep - 1, -1):
+        shorter = actions[:position] + actions[position + 1:]
+        atoms = _replay(space, shorter)
+        if atoms is None:
+            continue
+        shorter_score = memo.score(memo.key(atoms), goal)
+        if shorter_score <= score:
+            actions, score = shorter, shorter_score
+    return actions, score
+
+
+@dataclass(frozen=True, slots=True)
+class _RefillTask:
+    actions: tuple[int, ...]  # the trajectory with one action removed
+    allowed: tuple[int, ...]
+    goal: str
+
+
+def _refill(space: ActionSpace, memo: _Memo, task: _RefillTask) -> tuple[float, tuple[int, ...], int]:
+    """Greedy descent from the end of ``task.actions``: add the allowed action that lowers the score most
+    (lowest index among equals) until none does; the score, the actions and the states this process costed
+    anew. A pure function of its inputs (``memo`` only memoizes)."""
+    evaluated_before = len(memo.cache)
+    atoms = _replay(space, list(task.actions))
+    if atoms is None:
+        return math.inf, task.actions, 0
+    key = memo.key(atoms)
+    score, actions = memo.score(key, task.goal), list(task.actions)
+    while True:
+        options = [(memo.score(following, task.goal), action) for action in task.allowed
+                   if (following := memo.step(key, action)) is not None]
+        if not options:
+            break
+        best_score, best_action = min(options)
+        if best_score >= score:
+            break
+        following = memo.step(key, best_action)
+        assert following is not None
+        score, key = best_score, following
+        actions.append(best_action)
+    return score, tuple(actions), len(memo.cache) - evaluated_before
+
+
+def _worker_refill(task: _RefillTask) -> tuple[float, tuple[int, ...], int]:
+    assert _WORKER is not None
+    space, memo, _ = _WORKER
+    return _refill(space, memo, task)
+
+
+def _polish(space: ActionSpace, memo: _Memo, actions: list[int], *, keep: int, allowed: tuple[int, ...],
+            goal: str, score: float, chunk: int, pool: Any, deadline: float | None) -> tuple[list[int], float, int]:
+    """Local search on a phase's actions (past the first ``keep``): remove one, then descend greedily
+    (``_refill``); take the first move, latest position first, that lowers the score, and start over. Rounds
+    commit whole trajectories, so an early random action can hold an axis that a better plan needs (a
+    channel dim on the axis the batch wants); this undoes one at a time. Moves are tried ``chunk`` at a time
+    in the workers (a fixed chunk, so the result does not depend on the number of workers). Returns the
+    actions, their score and the states costed."""
+    evaluations = 0
+    positions = list(range(len(actions) - 1, keep - 1, -1))
+    while positions and (deadline is None or time.monotonic() <= deadline):
+        batch, positions = positions[:chunk], positions[chunk:]
+        tasks = [_RefillTask(tuple(actions[:p] + actions[p + 1:]), allowed, goal) for p in batch]
+        results = pool.map(_worker_refill, tasks, chunksize=1) if pool is not None else [
+            _refill(space, memo, task) for task in tasks]
+        evaluations += sum(result[2] for result in results)
+        better = [result for result in results if result[0] < score - 1e-9]
+        if better:
+            score, moved = better[0][0], better[0][1]
+            actions = list(moved)
+            positions = list(range(len(actions) - 1, keep - 1, -1))
+    return actions, score, evaluations
+
+
 # Worker processes are forked with the space, memo and settings in this global (nothing is pickled, and a
 # user's script is not re-imported as spawned processes would); they send back only lane results.
 _WORKER: tuple[ActionSpace, _Memo, SearchSettings] | None = None
@@ -375,6 +479,7 @@ def search(space: ActionSpace, costs: CostModel, *, settings: SearchSettings = D
             axes = set(phase.axes or mesh_axes)
             allowed = tuple(i for i, a in enumerate(space.actions) if a.axis in axes)
             best = memo.score(memo.key(state), phase.goal)
+            phase_start = len(trajectory)  # trimming keeps the earlier phases' actions
             stale = 0
             # The rollout budget left is shared by the phases left (an early-stopping phase leaves its rest).
             phase_end = None if settings.rollouts is None else total_rollouts + (
@@ -399,12 +504,13 @@ def search(space: ActionSpace, costs: CostModel, *, settings: SearchSettings = D
                 evaluations += sum(r.evaluations for r in results)
                 winner = min(results, key=lambda r: (r.score, len(r.actions)))
                 if winner.score < best - 1e-9:
-                    best = winner.score
-                    for action in winner.actions:
-                        following = space.step(state, action)
-                        assert following is not None, "a lane's trajectory replays"
-                        state = following
-                    trajectory.extend(winner.actions)
+                    evaluated_before = len(memo.cache)
+                    trajectory, best = _trim(space, memo, trajectory + list(winner.actions), keep=phase_start,
+                                             goal=phase.goal)
+                    evaluations += len(memo.cache) - evaluated_before
+                    replayed = _replay(space, trajectory)
+                    assert replayed is not None, "a trimmed trajectory replays"
+                    state = replayed
                     stale = 0
                 else:
                     stale += 1
@@ -415,6 +521,22 @@ def search(space: ActionSpace, costs: CostModel, *, settings: SearchSettings = D
                     progress(result, total_rollouts, time.monotonic() - start)
                 if done == 0:
                     break
+            if settings.polish:
+                polished, polished_score, costed = _polish(space, memo, trajectory, keep=phase_start,
+                                                           allowed=allowed, goal=phase.goal, score=best,
+                                                           chunk=settings.lanes, pool=pool,
+                                                           deadline=deadline)
+                evaluations += costed
+                if polished_score < best:
+                    trajectory, best = polished, polished_score
+                    replayed = _replay(space, trajectory)
+                    assert replayed is not None, "a polished trajectory replays"
+                    state = replayed
+                    cost = memo.cost(state)
+                    result = RoundResult(phase_index, cost.relative, cost.step_time_s, 0)
+                    rounds.append(result)
+                    if progress is not None:
+                        progress(result, total_rollouts, time.monotonic() - start)
     finally:
         if pool is not None:
             pool.close()

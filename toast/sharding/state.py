@@ -36,6 +36,16 @@ class Action:
     resolution: tuple[int, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class ShardNodes:
+    """An action on nodes: shard these dimension-graph nodes (I-classes) along ``axis`` (a manual
+    strategy's FSDP, a search's stored action). ``label`` says what they are (``"params['wte']:0 update chain"``)."""
+
+    nodes: tuple[int, ...]
+    axis: str
+    label: str
+
+
 class InvalidState(ToastError):
     """A state no SPMD program can have (an axis twice in a tensor, a dim not divisible)."""
 
@@ -69,7 +79,7 @@ class ShardingState:
 
     mesh: Mesh
     masks: np.ndarray
-    actions: tuple[Action, ...]
+    actions: tuple[Action | ShardNodes, ...]
     partition: NamePartition | None = None
 
     def key(self) -> bytes:

@@ -38,7 +38,7 @@ from toast.analysis.named_dimensions import Analysis
 from toast.errors import ToastError
 from toast.sharding.mesh import Mesh
 from toast.sharding.roles import Roles
-from toast.sharding.state import Action, InvalidState, ShardingModel, ShardingState
+from toast.sharding.state import Action, InvalidState, ShardingModel, ShardingState, ShardNodes
 
 # Strategy -> the roles it needs: one role of each tuple.
 NEEDS: dict[str, tuple[tuple[str, ...], ...]] = {
@@ -55,17 +55,6 @@ _COMBINABLE = ("megatron", "sequence", "fsdp")  # data parallelism is in each
 DATA_AXIS_NAMES = ("batch", "data", "dp")
 MODEL_AXIS_NAMES = ("model", "tensor", "tp", "mp")
 SEQUENCE_AXIS_NAMES = ("sequence", "seq", "sp", "context", *MODEL_AXIS_NAMES)
-
-
-@dataclass(frozen=True, slots=True)
-class ShardNodes:
-    """A manual action: shard these dimension-graph nodes (I-classes) along ``axis``.
-
-    ``label`` says what they are (``"params['wte']:0 update chain"``)."""
-
-    nodes: tuple[int, ...]
-    axis: str
-    label: str
 
 
 def check_strategy(name: str, *, roles: Roles, mesh: Mesh) -> None:
@@ -195,37 +184,37 @@ def apply_any(model: ShardingModel, state: ShardingState, action: Action | Shard
     return result
 
 
-def fsdp_actions(model: ShardingModel, axis: str, *, state: ShardingState) -> list[ShardNodes]:
-    """One node action per parameter (ZeRO-3 on ``axis``): a floating-point argument that ``state``
-    leaves unsplit along ``axis`` (the inputs the batch role splits are data, not parameters), stored
-    split on its largest dim that ``state`` leaves whole and ``axis`` divides."""
-    analysis = model.analysis
-    program, names = analysis.program, analysis.names
-    size = model.mesh.size(axis)
+@dataclass(frozen=True, slots=True)
+class UpdateChain:
+    """How a parameter is updated: the values of its update chain and where the new value is returned.
+
+    Attributes:
+      values: the elementwise values of the parameter's shape from it to a returned result and, backwards
+        from them, the elementwise producers of their other operands (the scaled gradient), the parameter
+        excluded; empty when no update of it is returned (an inference program's weight).
+      returns: ``(op id, operand)`` of ``@main``'s ``func.return`` uses of the chain's returned values.
+    """
+
+    values: tuple[int, ...]
+    returns: tuple[tuple[int, int], ...]
+
+
+def update_chains(analysis: Analysis) -> dict[int, UpdateChain]:
+    """The update chain of every floating-point argument with dims (argument value id -> chain), from the
+    rules' elementwise table (rules/ops/elementwise.dl). Storing a parameter split along an axis (ZeRO-3)
+    splits its chain alike, so its gradient arrives by reduce-scatter and its update runs split."""
+    program = analysis.program
     users: dict[int, list[tuple[int, int]]] = {}
     for op in program.ops:
         for index, value_id in enumerate(op.operands):
             users.setdefault(value_id, []).append((op.id, index))
     returned = set(program.results)
-    elementwise = analysis.elementwise_ops  # the rules' elementwise table (rules/ops/elementwise.dl)
-    actions = []
+    elementwise = analysis.elementwise_ops
+    chains = {}
     for value_id in program.arguments:
         value = program.values[value_id]
-        base = names.def_base[value_id]
         if not value.dtype.startswith(("f", "bf")) or not value.shape:
             continue
-        masks = state.masks[base:base + len(value.shape)]
-        if (masks & (1 << model.mesh.index(axis))).any():
-            continue  # data the batch role shards, not a parameter
-        dims = [d for d in sorted(range(len(value.shape)), key=lambda d: -value.shape[d])
-                if value.shape[d] % size == 0 and not masks[d]]
-        if not dims:
-            continue
-        dim = dims[0]
-        nodes = {int(analysis.node_of[base + dim])}
-        # The update chain: elementwise ops of the same shape from the parameter to a result,
-        # and, backwards from them, the elementwise producers of their other operands (the
-        # scaled gradient), so the gradient's reduction can be a reduce-scatter.
         frontier, seen = [value_id], {value_id}
         while frontier:
             current = frontier.pop()
@@ -242,15 +231,44 @@ def fsdp_actions(model: ShardingModel, axis: str, *, state: ShardingState) -> li
                         seen.add(candidate)
                         frontier.append(candidate)
         if not seen & returned:
-            nodes_label = f"{value.name}:{dim}"
-            actions.append(ShardNodes(tuple(sorted(nodes)), axis, nodes_label))
+            chains[value_id] = UpdateChain((), ())
             continue
-        for chain_value in seen - {value_id}:
-            nodes.add(int(analysis.node_of[names.def_base[chain_value] + dim]))
-        # The program returns the new parameter sharded too (its use by the final return).
-        for chain_value in seen & returned:
-            for op_id, index in users.get(chain_value, ()):
-                if program.ops[op_id].kind == "func.return" and program.ops[op_id].parent is None:
-                    nodes.add(int(analysis.node_of[names.use_name(op_id, index, dim)]))
-        actions.append(ShardNodes(tuple(sorted(nodes)), axis, f"{value.name}:{dim} and its update"))
+        returns = tuple(sorted(
+            (op_id, index) for chain_value in seen & returned for op_id, index in users.get(chain_value, ())
+            if program.ops[op_id].kind == "func.return" and program.ops[op_id].parent is None))
+        chains[value_id] = UpdateChain(tuple(sorted(seen - {value_id})), returns)
+    return chains
+
+
+def stored_nodes(analysis: Analysis, value_id: int, dim: int, chain: UpdateChain) -> set[int]:
+    """The dimension-graph nodes that storing argument ``value_id`` split on ``dim`` shards: its own dim,
+    its update chain's, and the returned new value's."""
+    names = analysis.names
+    nodes = {int(analysis.node_of[names.def_base[value_id] + dim])}
+    nodes.update(int(analysis.node_of[names.def_base[v] + dim]) for v in chain.values)
+    nodes.update(int(analysis.node_of[names.use_name(op_id, index, dim)]) for op_id, index in chain.returns)
+    return nodes
+
+
+def fsdp_actions(model: ShardingModel, axis: str, *, state: ShardingState) -> list[ShardNodes]:
+    """One node action per parameter (ZeRO-3 on ``axis``): a floating-point argument that ``state``
+    leaves unsplit along ``axis`` (the inputs the batch role splits are data, not parameters), stored
+    split on its largest dim that ``state`` leaves whole and ``axis`` divides."""
+    analysis = model.analysis
+    program, names = analysis.program, analysis.names
+    size = model.mesh.size(axis)
+    actions = []
+    for value_id, chain in update_chains(analysis).items():
+        value = program.values[value_id]
+        base = names.def_base[value_id]
+        masks = state.masks[base:base + len(value.shape)]
+        if (masks & (1 << model.mesh.index(axis))).any():
+            continue  # data the batch role shards, not a parameter
+        dims = [d for d in sorted(range(len(value.shape)), key=lambda d: -value.shape[d])
+                if value.shape[d] % size == 0 and not masks[d]]
+        if not dims:
+            continue
+        nodes = stored_nodes(analysis, value_id, dims[0], chain)
+        label = f"{value.name}:{dims[0]}" + (" and its update" if chain.returns else "")
+        actions.append(ShardNodes(tuple(sorted(nodes)), axis, label))
     return actions
