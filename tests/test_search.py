@@ -185,6 +185,42 @@ def test_a_stored_action_splits_the_parameters_not_the_activations():
     assert space.apply(state, batch_first) is not None  # the batch can still take the axis
 
 
+def test_polish_undoes_an_action_that_holds_the_axis_the_batch_needs():
+    """A committed trajectory that splits the MLP's hidden dim along ``batch`` leaves the tokens' batch dim no
+    axis to take there (the activations hold both dims). The polish takes that action back, ends cheaper,
+    and where it ends no single action lowers the cost."""
+    from toast.cost.model import CostModel
+    from toast.search.mcts import _Memo, _polish, _replay
+
+    fn, args = gpt_train_step(layers=1, batch=8, seq=128, d_model=512, heads=8, vocab=1024, d_ff=2048)
+    analysis = toast.analyze("gpt", fn=fn, args=args, engine="embedded")
+    model = ShardingModel(analysis, parse_mesh("batch=2,model=4"))
+    space = ActionSpace(model)
+    costs = CostModel(model, A100)
+    costs.prepare(space.partition)
+    memo = _Memo(costs, space)
+    program, names = analysis.program, analysis.names
+    w_fc = next(v for v in program.arguments if program.values[v].name == "params['blocks'][0]['w_fc']")
+    tokens = next(v for v in program.arguments if program.values[v].name == "tokens")
+    hidden = int(analysis.color_of[names.def_base[w_fc] + 1])
+    blocking = next(i for i, a in enumerate(space.actions) if not a.stored and a.axis == "batch"
+                    and hidden in a.colors)
+    batch_first = next(i for i, a in enumerate(space.actions) if not a.stored and a.axis == "batch"
+                       and int(analysis.color_of[names.def_base[tokens]]) in a.colors)
+    start = _replay(space, [blocking])
+    assert start is not None and space.step(start, batch_first) is None  # the batch is blocked
+    score = memo.score(memo.key(start), "runtime")
+    actions, polished, _ = _polish(space, memo, [blocking], keep=0, allowed=tuple(range(len(space))),
+                                   goal="runtime", score=score, chunk=8, pool=None, deadline=None)
+    assert polished < score and blocking not in actions
+    final = _replay(space, actions)
+    assert final is not None and polished == costs.evaluate(space.state(final)).relative
+    for index in range(len(space)):
+        following = space.step(final, index)
+        if following is not None:
+            assert costs.evaluate(space.state(following), collectives=False).relative >= polished
+
+
 def test_same_seed_same_strategy_on_one_and_two_workers():
     analysis = analysis_of(GPT)
     strategies = []

@@ -20,8 +20,9 @@ the clock says).
 
 **Polish.** Rounds commit whole trajectories, so a random action taken early can hold a mesh axis that a
 better plan needs (a channel dim on the axis the images' batch wants, on a U-Net). After its rounds, each
-phase improves its actions by local search (``_polish``): remove one action, descend greedily from what is
-left, and take the first such move that lowers the cost, until none does.
+phase improves its actions by local search (``_polish``): add actions greedily, or remove one action and
+descend greedily from what is left (first among the actions it blocked), and take the first such move that
+lowers the cost, until none does.
 
 **Phases** (the composite strategies of PartIR): a search may run in phases, each restricted to some mesh
 axes and optimizing ``runtime`` (``C(s)``) or ``memory`` (peak bytes relative to the unsharded peak, runtime
@@ -77,7 +78,8 @@ class SearchSettings:
       mirror_layers: mirror actions over repeated layers (section 4.4).
       stored_parameters: offer stored actions (``SearchAction.stored``: parameters split where they are kept
         and updated, gathered where used; FSDP).
-      polish: after each phase's rounds, improve its actions by local search (``_polish``).
+      polish: after each phase's rounds, improve its actions by local search (``_polish``); its costings
+        come on top of the rollout budget (a time budget bounds them).
       phases: the phases, in order (default: one over all axes, runtime).
     """
 
@@ -345,9 +347,10 @@ def _trim(space: ActionSpace, memo: _Memo, actions: list[int], *, keep: int, goa
 
 @dataclass(frozen=True, slots=True)
 class _RefillTask:
-    actions: tuple[int, ...]  # the trajectory with one action removed
+    actions: tuple[int, ...]  # the trajectory, or it with one action removed
     allowed: tuple[int, ...]
     goal: str
+    first: tuple[int, ...] | None  # the first step's candidates (None: every allowed action)
 
 
 def _refill(space: ActionSpace, memo: _Memo, task: _RefillTask) -> tuple[float, tuple[int, ...], int]:
@@ -360,9 +363,11 @@ def _refill(space: ActionSpace, memo: _Memo, task: _RefillTask) -> tuple[float, 
         return math.inf, task.actions, 0
     key = memo.key(atoms)
     score, actions = memo.score(key, task.goal), list(task.actions)
+    candidates = task.allowed if task.first is None else task.first
     while True:
-        options = [(memo.score(following, task.goal), action) for action in task.allowed
+        options = [(memo.score(following, task.goal), action) for action in candidates
                    if (following := memo.step(key, action)) is not None]
+        candidates = task.allowed
         if not options:
             break
         best_score, best_action = min(options)
@@ -383,25 +388,34 @@ def _worker_refill(task: _RefillTask) -> tuple[float, tuple[int, ...], int]:
 
 def _polish(space: ActionSpace, memo: _Memo, actions: list[int], *, keep: int, allowed: tuple[int, ...],
             goal: str, score: float, chunk: int, pool: Any, deadline: float | None) -> tuple[list[int], float, int]:
-    """Local search on a phase's actions (past the first ``keep``): remove one, then descend greedily
-    (``_refill``); take the first move, latest position first, that lowers the score, and start over. Rounds
-    commit whole trajectories, so an early random action can hold an axis that a better plan needs (a
-    channel dim on the axis the batch wants); this undoes one at a time. Moves are tried ``chunk`` at a time
-    in the workers (a fixed chunk, so the result does not depend on the number of workers). Returns the
-    actions, their score and the states costed."""
+    """Local search on a phase's actions (past the first ``keep``): descend greedily (``_refill``), or remove
+    one action and then descend; take the first move, latest position first, that lowers the score, and
+    start over. Rounds commit whole trajectories, so an early random action can hold an axis that a better
+    plan needs (a channel dim on the axis the batch wants); this undoes one at a time. Moves are tried
+    ``chunk`` at a time in the workers (a fixed chunk, so the result does not depend on the number of
+    workers). Returns the actions, their score and the states costed."""
     evaluations = 0
-    positions = list(range(len(actions) - 1, keep - 1, -1))
-    while positions and (deadline is None or time.monotonic() <= deadline):
-        batch, positions = positions[:chunk], positions[chunk:]
-        tasks = [_RefillTask(tuple(actions[:p] + actions[p + 1:]), allowed, goal) for p in batch]
+
+    def moves() -> list[_RefillTask]:
+        # First a plain descent; then each removal, whose first step is among the actions the full
+        # trajectory blocks (the others were there to take before, and were not taken).
+        full = _replay(space, actions)
+        assert full is not None
+        blocked = tuple(a for a in allowed if space.step(full, a) is None)
+        return [_RefillTask(tuple(actions), allowed, goal, None)] + [
+            _RefillTask(tuple(actions[:p] + actions[p + 1:]), allowed, goal, blocked)
+            for p in range(len(actions) - 1, keep - 1, -1)]
+
+    pending = moves()
+    while pending and (deadline is None or time.monotonic() <= deadline):
+        tasks, pending = pending[:chunk], pending[chunk:]
         results = pool.map(_worker_refill, tasks, chunksize=1) if pool is not None else [
             _refill(space, memo, task) for task in tasks]
         evaluations += sum(result[2] for result in results)
         better = [result for result in results if result[0] < score - 1e-9]
         if better:
-            score, moved = better[0][0], better[0][1]
-            actions = list(moved)
-            positions = list(range(len(actions) - 1, keep - 1, -1))
+            score, actions = better[0][0], list(better[0][1])
+            pending = moves()
     return actions, score, evaluations
 
 
