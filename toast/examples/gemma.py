@@ -87,6 +87,19 @@ RMS_EPS = 1e-6
 ADAM_B1, ADAM_B2, ADAM_EPS = 0.9, 0.999, 1e-8
 
 
+def check_sizes(*, layers: int, d_model: int, heads: int, head_dim: int, kv_heads: int) -> None:
+    """Sizes a decoder of this family can have (shared with ``itx``): ``ValueError`` naming the first that
+    cannot be."""
+    if layers < 1:
+        raise ValueError(f"layers must be at least 1, got {layers}")
+    if kv_heads < 1 or heads % kv_heads:
+        raise ValueError(f"kv_heads={kv_heads} does not divide heads={heads}")
+    if head_dim % 2:
+        raise ValueError(f"head_dim={head_dim} must be even for the rotary embedding")
+    if d_model < 1:
+        raise ValueError(f"d_model must be positive, got {d_model}")
+
+
 def _block_shapes(d_model: int, heads: int, kv_heads: int, head_dim: int,
                   d_ff: int) -> dict[str, tuple[int, ...]]:
     d = d_model
@@ -184,12 +197,7 @@ def gemma_train_step(*, layers: int, d_model: int, heads: int, kv_heads: int, he
     ``opt_state = {'step': int32[], 'mu': like params, 'nu': like params}``, and returns
     ``(loss: dtype[], new_params, new_opt_state)`` shaped like its inputs.
     """
-    if layers < 1:
-        raise ValueError(f"layers must be at least 1, got {layers}")
-    if kv_heads < 1 or heads % kv_heads:
-        raise ValueError(f"kv_heads={kv_heads} does not divide heads={heads}")
-    if head_dim % 2:
-        raise ValueError(f"head_dim={head_dim} must be even for the rotary embedding")
+    check_sizes(layers=layers, d_model=d_model, heads=heads, head_dim=head_dim, kv_heads=kv_heads)
 
     def loss_fn(params, tokens, targets):
         h = params["embed"][tokens] * jnp.asarray(math.sqrt(d_model), dtype)

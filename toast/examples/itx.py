@@ -84,6 +84,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from toast.examples.gemma import check_sizes
+
 __all__ = [
     "itx_decode_step", "itx_prefill_step",
     "itx", "itx_prefill", "itx_small", "itx_prefill_small",
@@ -189,17 +191,6 @@ def _head(h, params):
     return jnp.argmax(logits, axis=-1).astype(jnp.int32), logits
 
 
-def _check_sizes(*, layers: int, d_model: int, heads: int, head_dim: int, kv_heads: int) -> None:
-    if layers < 1:
-        raise ValueError(f"layers must be at least 1, got {layers}")
-    if kv_heads < 1 or heads % kv_heads:
-        raise ValueError(f"heads={heads} is not divisible by kv_heads={kv_heads}")
-    if head_dim % 2:
-        raise ValueError(f"head_dim={head_dim} must be even for RoPE")
-    if d_model < 1:
-        raise ValueError(f"d_model must be positive, got {d_model}")
-
-
 def _param_specs(*, layers: int, d_model: int, heads: int, kv_heads: int, head_dim: int, d_ff: int,
                  vocab: int, scan_layers: bool, dtype) -> dict[str, Any]:
     def spec(shape):
@@ -239,7 +230,7 @@ def itx_decode_step(*, layers: int = 32, d_model: int = 2048, heads: int = 32, h
     ``tokens: int32[B]``, and returns ``(next_tokens: int32[B], logits: dtype[B, V],
     new_cache)``, ``new_cache`` shaped like ``cache``.
     """
-    _check_sizes(layers=layers, d_model=d_model, heads=heads, head_dim=head_dim, kv_heads=kv_heads)
+    check_sizes(layers=layers, d_model=d_model, heads=heads, head_dim=head_dim, kv_heads=kv_heads)
 
     def decode_step(params, cache, position, tokens):
         h = params["wte"][tokens]
@@ -284,7 +275,7 @@ def itx_prefill_step(*, layers: int = 32, d_model: int = 2048, heads: int = 32, 
     ``scan_layers``, stacked) holding the prompt at positions ``0 .. P-1`` and zeros after,
     ready for ``itx_decode_step``'s ``fn`` at ``position = P``.
     """
-    _check_sizes(layers=layers, d_model=d_model, heads=heads, head_dim=head_dim, kv_heads=kv_heads)
+    check_sizes(layers=layers, d_model=d_model, heads=heads, head_dim=head_dim, kv_heads=kv_heads)
     if not 1 <= prompt_length <= cache_length:
         raise ValueError(f"prompt_length={prompt_length} must be in 1..cache_length={cache_length}")
 
