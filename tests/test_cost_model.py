@@ -44,6 +44,10 @@ level = "nvlink"
 devices = 8
 bandwidth = 1e11
 latency = 1e-6
+efficiency = 1.0
+small_latency = 1e-6
+small_efficiency = 1.0
+switch_reduction = false
 sources = ["round numbers"]
 """
 STEP = 1e-5

@@ -41,12 +41,23 @@ level = "nvlink"
 devices = 4
 bandwidth = 100e9
 latency = 3e-6
+efficiency = 0.8
+small_latency = 1e-6
+small_efficiency = 0.4
+switch_reduction = true
+switch_latency = 20e-6
+switch_efficiency = 0.6
 sources = ["a datasheet"]
 [[interconnect]]
 level = "ethernet"
 devices = 64
-bandwidth = 12.5e9
+nics = 2
+nic_bandwidth = 25e9
 latency = 10e-6
+efficiency = 0.9
+small_latency = 5e-6
+small_efficiency = 0.3
+switch_reduction = false
 sources = ["a datasheet"]
 """
 
@@ -76,7 +87,8 @@ def test_bundled_profile_cites_sources_in_every_section(name):
     for section in sections:
         assert section["sources"]
         for source in section["sources"]:
-            assert re.fullmatch(r"S\d+: https?://\S+", source), source
+            # A web source, or the repository's fit of the collective parameters (BENCHMARKS.md).
+            assert re.fullmatch(r"[SV]\d+: https?://\S+|F1: benchmarks/fit_collectives\.py .*", source), source
 
 
 def test_datasheet_ordering():
@@ -137,6 +149,21 @@ def test_malformed_toml_gives_path_and_line(tmp_path):
         ('sources = ["a measurement"]', "sources = []", "kernels.sources"),
         ("hbm_bandwidth", "hbm_bandwith", "memory.hbm_bandwith"),
         ("devices = 64", "devices = 4", "interconnect[1].devices"),
+        # The topology: each number named when left out or wrong.
+        ("nics = 2\n", "", "interconnect[1].nics"),
+        ("nic_bandwidth = 25e9\n", "", "interconnect[1].nic_bandwidth"),
+        ("nics = 2", "nics = 2.5", "interconnect[1].nics"),
+        ("\nefficiency = 0.9\n", "\n", "interconnect[1].efficiency"),
+        ("\nefficiency = 0.8", "\nefficiency = 1.2", "interconnect[0].efficiency"),
+        ("small_latency = 1e-6\n", "", "interconnect[0].small_latency"),
+        ("small_efficiency = 0.3\n", "", "interconnect[1].small_efficiency"),
+        ("switch_reduction = true\n", "", "interconnect[0].switch_reduction"),
+        ("switch_reduction = true", 'switch_reduction = "yes"', "interconnect[0].switch_reduction"),
+        ("switch_latency = 20e-6\n", "", "interconnect[0].switch_latency"),
+        ("switch_efficiency = 0.6", "switch_efficiency = 0", "interconnect[0].switch_efficiency"),
+        ("switch_reduction = false", "switch_reduction = false\nswitch_latency = 1e-6",
+         "interconnect[1].switch_latency"),
+        ("bandwidth = 100e9", "bandwidth = 100e9\nnics = 4", "interconnect[0].nics"),
     ],
 )
 def test_bad_field_is_named(tmp_path, old, new, field):
@@ -156,6 +183,12 @@ def test_user_profile_loads_by_path(tmp_path):
     assert hardware.name == "mygpu" and hardware.path == str(path)
     assert hardware.peak_flops == {"bf16": 100e12, "f32": 10e12}
     assert [level.name for level in hardware.interconnect] == ["nvlink", "ethernet"]
+    nvlink, ethernet = hardware.interconnect
+    assert (nvlink.efficiency, nvlink.small_latency, nvlink.small_efficiency) == (0.8, 1e-6, 0.4)
+    assert (nvlink.switch_reduction, nvlink.switch_latency, nvlink.switch_efficiency) == (True, 20e-6, 0.6)
+    # The network: 2 NICs of 25 GB/s per node of 4 devices is 12.5 GB/s per device.
+    assert (ethernet.nics, ethernet.nic_bandwidth, ethernet.bandwidth) == (2, 25e9, 12.5e9)
+    assert (ethernet.switch_reduction, ethernet.switch_latency) == (False, 0.0)
     assert hardware.sources == ("a datasheet", "a measurement")
     assert (hardware.matmul_efficiency, hardware.f32_matmul, hardware.scatter_rate(16)) == (0.6, "f32", 5e10)
 

@@ -188,7 +188,9 @@ def test_a_stored_action_splits_the_parameters_not_the_activations():
 def test_polish_undoes_an_action_that_holds_the_axis_the_batch_needs():
     """A committed trajectory that splits the MLP's hidden dim along ``batch`` leaves the tokens' batch dim no
     axis to take there (the activations hold both dims). The polish takes that action back, ends cheaper,
-    and where it ends no single action lowers the cost."""
+    and where it ends no single action lowers the cost. (On h200, whose measured NVLink rings are the
+    fastest of the profiles: on A100 the gradient all-reduces of this small step are latency-bound enough
+    that keeping the action and adding others is cheaper.)"""
     from toast.cost.model import CostModel
     from toast.search.mcts import _Memo, _polish, _replay
 
@@ -196,7 +198,7 @@ def test_polish_undoes_an_action_that_holds_the_axis_the_batch_needs():
     analysis = toast.analyze("gpt", fn=fn, args=args, engine="embedded")
     model = ShardingModel(analysis, parse_mesh("batch=2,model=4"))
     space = ActionSpace(model)
-    costs = CostModel(model, A100)
+    costs = CostModel(model, load_hardware("h200"))
     costs.prepare(space.partition)
     memo = _Memo(costs, space)
     program, names = analysis.program, analysis.names

@@ -5,9 +5,10 @@ Rules, per op of the program:
 - **Partial results.** A dot_general or convolution whose contracting dims, or a reduce whose
   reduced dims, are sharded along axes A computes partial results on each device: the result
   needs an all-reduce over A, or a reduce-scatter over A when a use of the result wants it
-  sharded along A (e.g. the output of Figure 5b). An all-reduce over several axes is one
-  all-reduce per axis, minor axis first: a hierarchical reduction, which is also how XLA's
-  partitioned modules carry it out.
+  sharded along A (e.g. the output of Figure 5b). The all-reduces go as XLA's partitioned module
+  has them: one per reduced dim, over the axes that split it (one replica group of all their
+  devices, which NCCL runs hierarchically where it spans nodes: ``toast.cost.network``), the
+  most minor axes first.
 - **Uses.** A use whose sharding differs from its definition's needs, per axis: an
   all-gather (the definition is split along the axis, the use is not), an all-to-all (both
   are split along it, on different dims), or a local slice (only the use is split: free).
@@ -225,14 +226,6 @@ class CommunicationModel:
         self._init_value_bytes(defs)
         self._init_partial_results(defs)
         self._init_use_sites(defs)
-        mesh = model.mesh
-        # Per axes mask: the axes with their count, and the single-axis masks minor first (all-reduce order).
-        self._axis_count = np.asarray([len(axes) for axes in self._axes_of_mask], dtype=np.int64)
-        minor_first = np.zeros((256, 8), dtype=np.int64)
-        for mask, axes in enumerate(self._axes_of_mask):
-            for position, axis in enumerate(reversed(axes)):
-                minor_first[mask, position] = 1 << mesh.index(axis)
-        self._minor_first_axis = minor_first
         self._memo: dict[bytes, Collective] = {}  # a CollectiveTable row's bytes -> its Collective
         self._byte_classes: tuple[NamePartition, ByteClasses] | None = None
 
@@ -261,6 +254,8 @@ class CommunicationModel:
         order = np.argsort(self.reducing_ops, kind="stable")
         self._reducing_names_by_op = self.reducing_names[order]
         self._partial_ops, self._partial_op_starts = np.unique(self.reducing_ops[order], return_index=True)
+        # The op (index into _partial_ops) of each reducing name in that order.
+        self._reducing_owner = np.searchsorted(self._partial_op_starts, np.arange(len(order)), side="right") - 1
         entry_values: list[int] = []
         entry_owner: list[int] = []  # index into _partial_ops
         for owner, op_id in enumerate(self._partial_ops.tolist()):
@@ -457,14 +452,21 @@ class CommunicationModel:
             value_bytes[values[scattered]] = out[scattered]
         kind = np.where(scattered, REDUCE_SCATTER, ALL_REDUCE)
         ops = self._entry_ops[selected]
-        # Otherwise one all-reduce per axis, minor first (as XLA's module has it).
-        counts = np.where(scattered, 1, self._axis_count[axes])
+        # Otherwise one all-reduce per reduced dim's axes (a dim split over several axes is one all-reduce over
+        # them all; dims split over different axes, one each), the most minor axes first: XLA's partitioner
+        # reduces one contracting dim at a time.
+        nonzero = np.flatnonzero(reducing)
+        owner_masks = np.unique(self._reducing_owner[nonzero] * 256 + (255 - reducing[nonzero].astype(np.int64)))
+        owners, dim_masks = owner_masks // 256, 255 - owner_masks % 256
+        first_of_owner = np.searchsorted(owners, self._entry_owner[selected])
+        counts = np.where(scattered, 1, np.searchsorted(owners, self._entry_owner[selected], side="right")
+                          - first_of_owner)
         if counts.max() > 1:
             row_entry = np.repeat(np.arange(len(selected)), counts)
             position = np.arange(len(row_entry)) - np.repeat(np.cumsum(counts) - counts, counts)
             kind, axes, values, ops, sizes, out = (kind[row_entry], axes[row_entry], values[row_entry], ops[row_entry],
                                                    sizes[row_entry], out[row_entry])
-            axes = np.where(kind == REDUCE_SCATTER, axes, self._minor_first_axis[axes, position])
+            axes = np.where(kind == REDUCE_SCATTER, axes, dim_masks[first_of_owner[row_entry] + position])
         unused = np.full(len(kind), -1, dtype=np.int64)  # operand and last_op
         table = CollectiveTable(kind=kind, axes_mask=axes, value=values, op=ops, operand=unused, bytes_in=sizes,
                                 bytes_out=out, last_op=unused)

@@ -23,19 +23,35 @@ _TOP_KEYS = ("name", "description", "compute", "memory", "kernels", "interconnec
 _KERNEL_KEYS = ("matmul_efficiency", "matmul_overhead", "f32_matmul", "hbm_efficiency", "kernel_overhead",
                 "step_overhead", "scatter_add_rate", "scatter_add_rate_16bit", "sources")
 _MEMORY_KEYS = ("hbm_bytes", "hbm_bandwidth", "sources")
-_LEVEL_KEYS = ("level", "devices", "bandwidth", "latency", "sources")
+_LEVEL_KEYS = ("level", "devices", "bandwidth", "nics", "nic_bandwidth", "latency", "efficiency", "small_latency",
+               "small_efficiency", "switch_reduction", "switch_latency", "switch_efficiency", "sources")
+_SWITCH_KEYS = ("switch_latency", "switch_efficiency")
 
 
 @dataclass(frozen=True, slots=True)
 class InterconnectLevel:
-    """One level of the device hierarchy (NVLink domain, InfiniBand fabric, TPU ICI, DCN).
+    """One level of the device hierarchy (NVLink domain, InfiniBand fabric, TPU ICI, DCN) and how collectives
+    run over it (``toast.cost.network`` prices them; ``hardware/README.md`` gives the schema).
 
     Attributes:
       name: the level's name, e.g. ``"nvlink"``.
       devices: how many devices the level joins (8 GPUs per NVLink domain; a TPU slice).
-      bandwidth: bytes/s per device available to a collective over this level. GPU profiles give one
-        direction; TPU ICI gives the bidirectional per-axis ring bandwidth W of the scaling book.
-      latency: seconds per collective step (the alpha of an alpha-beta model).
+      bandwidth: line rate per device in bytes/s. GPU profiles give one direction; TPU ICI gives the
+        bidirectional per-axis ring bandwidth W of the scaling book. A network level given as ``nics`` x
+        ``nic_bandwidth`` per node (the level inside it) has the node's total divided by the node's devices:
+        NCCL spreads a collective over all of a node's NICs.
+      latency: seconds per ring step of a large message (the alpha of an alpha-beta model; NCCL's Simple
+        protocol).
+      efficiency: the fraction of ``bandwidth`` a ring collective's bus bandwidth reaches on large messages.
+      small_latency: seconds per ring step of a small message (NCCL's low-latency protocols).
+      small_efficiency: the fraction of ``bandwidth`` reached in that small-message regime; a collective takes
+        whichever regime is faster, as NCCL's tuner picks a protocol per size.
+      switch_reduction: whether the level's switches reduce (NVLink SHARP / NVLS): an all-reduce then sends
+        and receives its buffer once.
+      switch_latency: seconds per all-reduce reduced in the switch (0 without ``switch_reduction``).
+      switch_efficiency: that all-reduce's algorithm bandwidth as a fraction of ``bandwidth`` (0 without).
+      nics: network interfaces per node (0 when the level gives ``bandwidth`` per device).
+      nic_bandwidth: bytes/s per NIC, one direction (0 when the level gives ``bandwidth``).
       sources: where the numbers come from.
     """
 
@@ -44,6 +60,21 @@ class InterconnectLevel:
     bandwidth: float
     latency: float
     sources: tuple[str, ...]
+    efficiency: float = 1.0
+    small_latency: float = 0.0
+    small_efficiency: float = 0.0
+    switch_reduction: bool = False
+    switch_latency: float = 0.0
+    switch_efficiency: float = 0.0
+    nics: int = 0
+    nic_bandwidth: float = 0.0
+
+    def __post_init__(self) -> None:
+        # A level built in code without a small-message regime runs every size as a large message.
+        if self.small_efficiency == 0.0:
+            object.__setattr__(self, "small_efficiency", self.efficiency)
+        if self.small_latency == 0.0:
+            object.__setattr__(self, "small_latency", self.latency)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,10 +147,14 @@ class Hardware:
     def level_for(self, devices: int) -> InterconnectLevel:
         """The innermost level that joins at least ``devices`` devices; the outermost level when none does
         (a cluster grows by adding devices on its outermost network)."""
-        for level in self.interconnect:
+        return self.interconnect[self.level_index(devices)]
+
+    def level_index(self, devices: int) -> int:
+        """The index in ``interconnect`` of ``level_for(devices)``."""
+        for index, level in enumerate(self.interconnect):
             if level.devices >= devices:
-                return level
-        return self.interconnect[-1]
+                return index
+        return len(self.interconnect) - 1
 
 
 def axis_levels(mesh_axes: list[tuple[str, int]], hardware: Hardware) -> dict[str, InterconnectLevel]:
@@ -178,7 +213,9 @@ def _hardware(data: dict, path: str) -> Hardware:
     levels = data.get("interconnect")
     if not isinstance(levels, list) or not levels or not all(isinstance(level, dict) for level in levels):
         raise ToastError(f"{path}: field 'interconnect' must be one or more [[interconnect]] tables")
-    interconnect = tuple(_level(level, f"interconnect[{i}]", path) for i, level in enumerate(levels))
+    interconnect: tuple[InterconnectLevel, ...] = ()
+    for i, level in enumerate(levels):
+        interconnect += (_level(level, f"interconnect[{i}]", path, interconnect[-1] if interconnect else None),)
     for i in range(1, len(interconnect)):
         if interconnect[i].devices <= interconnect[i - 1].devices:
             raise ToastError(
@@ -194,11 +231,7 @@ def _hardware(data: dict, path: str) -> Hardware:
     if not isinstance(f32_matmul, str) or f32_matmul not in peak_flops:
         raise ToastError(f"{path}: field 'kernels.f32_matmul' must name a [compute] entry "
                          f"({', '.join(sorted(peak_flops))})")
-    fractions = {}
-    for key in ("matmul_efficiency", "hbm_efficiency"):
-        fractions[key] = _positive(kernels, key, "kernels", path)
-        if fractions[key] > 1:
-            raise ToastError(f"{path}: field 'kernels.{key}' must be a fraction in (0, 1]")
+    fractions = {key: _fraction(kernels, key, "kernels", path) for key in ("matmul_efficiency", "hbm_efficiency")}
     sources = (_sources(compute, "compute", path) + _sources(memory, "memory", path)
                + _sources(kernels, "kernels", path))
     return Hardware(
@@ -221,21 +254,63 @@ def _hardware(data: dict, path: str) -> Hardware:
     )
 
 
-def _level(table: dict, where: str, path: str) -> InterconnectLevel:
+def _level(table: dict, where: str, path: str, inner: InterconnectLevel | None) -> InterconnectLevel:
     _known_keys(table, _LEVEL_KEYS, f"{where}.", path)
     name = table.get("level")
     if not isinstance(name, str) or not name:
         raise ToastError(f"{path}: field '{where}.level' must be a name")
-    devices = table.get("devices")
-    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
-        raise ToastError(f"{path}: field '{where}.devices' must be a positive integer")
+    devices = _count(table, "devices", where, path)
+    nics, nic_bandwidth = 0, 0.0
+    if "bandwidth" in table or inner is None or ("nics" not in table and "nic_bandwidth" not in table):
+        for key in ("nics", "nic_bandwidth"):
+            if key in table:
+                raise ToastError(f"{path}: field '{where}.{key}' goes with a level outside a node, instead of "
+                                 f"'bandwidth'; give one or the other")
+        bandwidth = _positive(table, "bandwidth", where, path)
+    else:  # a network: the node's NICs, shared by the node's devices
+        nics = _count(table, "nics", where, path)
+        nic_bandwidth = _positive(table, "nic_bandwidth", where, path)
+        bandwidth = nics * nic_bandwidth / inner.devices
+    switch_reduction = table.get("switch_reduction")
+    if not isinstance(switch_reduction, bool):
+        raise ToastError(f"{path}: field '{where}.switch_reduction' must be true or false")
+    if switch_reduction:
+        switch_latency = _positive(table, "switch_latency", where, path)
+        switch_efficiency = _fraction(table, "switch_efficiency", where, path)
+    else:
+        for key in _SWITCH_KEYS:
+            if key in table:
+                raise ToastError(f"{path}: field '{where}.{key}' needs switch_reduction = true")
+        switch_latency = switch_efficiency = 0.0
     return InterconnectLevel(
         name=name,
         devices=devices,
-        bandwidth=_positive(table, "bandwidth", where, path),
+        bandwidth=bandwidth,
         latency=_positive(table, "latency", where, path),
         sources=_sources(table, where, path),
+        efficiency=_fraction(table, "efficiency", where, path),
+        small_latency=_positive(table, "small_latency", where, path),
+        small_efficiency=_fraction(table, "small_efficiency", where, path),
+        switch_reduction=switch_reduction,
+        switch_latency=switch_latency,
+        switch_efficiency=switch_efficiency,
+        nics=nics,
+        nic_bandwidth=nic_bandwidth,
     )
+
+
+def _count(table: dict, key: str, where: str, path: str) -> int:
+    value = table.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ToastError(f"{path}: field '{where}.{key}' must be a positive integer")
+    return value
+
+
+def _fraction(table: dict, key: str, where: str, path: str) -> float:
+    value = _positive(table, key, where, path)
+    if value > 1:
+        raise ToastError(f"{path}: field '{where}.{key}' must be a fraction in (0, 1]")
+    return value
 
 
 def _table(data: dict, key: str, path: str) -> dict:

@@ -31,15 +31,15 @@ The relative cost is ``C(s) = RT(s) + MP(s)`` with ``RT = step time / initial st
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 
-from toast.cost.collectives import ALL_GATHER, ALL_REDUCE, Collective, CollectiveTable, CommunicationModel
-from toast.cost.hardware import Hardware, InterconnectLevel, axis_levels
+from toast.cost.collectives import ALL_GATHER, KINDS, Collective, CollectiveTable, CommunicationModel
+from toast.cost.hardware import Hardware
 from toast.cost.kernels import KernelPlan
+from toast.cost.network import Algorithm, GroupSpan, algorithms, axis_spans, collective_seconds, mesh_group_span
 from toast.errors import ToastError
 from toast.sharding.state import NamePartition, ShardingModel, ShardingState
 
@@ -107,16 +107,27 @@ class CostModel:
         self.device_memory = float(device_memory if device_memory is not None else hardware.hbm_bytes)
         self.overlap = overlap
         self.communication = CommunicationModel(model)
-        self.levels: dict[str, InterconnectLevel] = axis_levels(list(model.mesh.axes), hardware)
-        self._rings: dict[tuple[str, ...], tuple[int, float, float]] = {}
-        # The ring of every axes mask (devices, alpha in seconds, bandwidth in bytes/s), for durations at once;
-        # masks of at most one device move nothing.
         mesh = model.mesh
-        rings = [self._ring(mesh.mask_axes(mask)) if mesh.mask_size(mask) > 1 else (1, 0.0, 1.0)
-                 for mask in range(256)]
-        self._ring_devices = np.asarray([ring[0] for ring in rings], dtype=np.float64)
-        self._ring_alpha = np.asarray([ring[1] for ring in rings], dtype=np.float64)
-        self._ring_bandwidth = np.asarray([ring[2] for ring in rings], dtype=np.float64)
+        self.spans: dict[str, GroupSpan] = axis_spans(list(mesh.axes), hardware)
+        # Every axes mask's span, and per (kind, mask) its algorithms as affine candidates (latency, seconds per
+        # byte), padded with (inf, 0); masks of at most one device move nothing (one candidate of 0 s).
+        self._mask_spans = [mesh_group_span(list(mesh.axes), mesh.mask_axes(mask), hardware)
+                            if mask < 1 << len(mesh.axes) else None for mask in range(256)]
+        candidates: list[list[list[Algorithm]]] = [
+            [list(algorithms(kind, span, hardware)) if span is not None else [] for span in self._mask_spans]
+            for kind in KINDS]
+        width = max(1, max(len(found) for per_kind in candidates for found in per_kind))
+        self._candidate_latency = np.full((len(KINDS), 256, width), np.inf)
+        self._candidate_per_byte = np.zeros((len(KINDS), 256, width))
+        for kind_code, per_kind in enumerate(candidates):
+            for mask, found in enumerate(per_kind):
+                if not found:
+                    self._candidate_latency[kind_code, mask, 0] = 0.0
+                for column, algorithm in enumerate(found):
+                    self._candidate_latency[kind_code, mask, column] = algorithm.latency
+                    self._candidate_per_byte[kind_code, mask, column] = algorithm.seconds_per_byte
+        self._levels_label = [span.levels(hardware) if span is not None and span.devices > 1 else ""
+                              for span in self._mask_spans]
         self._axes_label = ["+".join(mesh.mask_axes(mask)) for mask in range(256)]
         analysis = model.analysis
         program = analysis.program
@@ -219,39 +230,18 @@ class CostModel:
                     peak_bytes=peak, kernels=self.kernel_count, relative=relative, collectives=tuple(absolute[5]))
 
     def collective_time(self, collective: Collective) -> float:
-        """Alpha-beta ring time of one collective, seconds."""
-        return self._collective_seconds(collective.kind, collective.axes, collective.bytes_in, collective.bytes_out)
-
-    def _ring(self, axes: tuple[str, ...]) -> tuple[int, float, float]:
-        """A ring over ``axes``: ``(devices, alpha in seconds, bandwidth in bytes/s)``, the slowest level's."""
-        ring = self._rings.get(axes)
-        if ring is None:
-            n = math.prod(self.model.mesh.size(a) for a in axes)
-            levels = [self.levels[a] for a in axes]
-            ring = (n, max(level.latency for level in levels), min(level.bandwidth for level in levels))
-            self._rings[axes] = ring
-        return ring
-
-    def _collective_seconds(self, kind: str, axes: tuple[str, ...], bytes_in: int, bytes_out: int) -> float:
-        n, alpha, bandwidth = self._ring(axes)
-        if n <= 1:
-            return 0.0
-        steps = n - 1
-        if kind == "all-reduce":
-            return 2 * (steps * alpha + steps / n * bytes_in / bandwidth)
-        full = bytes_out if kind == "all-gather" else bytes_in  # reduce-scatter: the full input; all-to-all: local
-        return steps * alpha + steps / n * full / bandwidth
+        """Seconds of one collective over its axes' span (``toast.cost.network``)."""
+        span = mesh_group_span(list(self.model.mesh.axes), collective.axes, self.hardware)
+        nbytes = collective.bytes_out if collective.kind == "all-gather" else collective.bytes_in
+        return collective_seconds(collective.kind, nbytes, span, self.hardware)
 
     def _collective_durations(self, table: CollectiveTable) -> np.ndarray:
-        """``float64[collectives]``: ``_collective_seconds`` of every row of ``table`` (the same float
-        operations in the same order, so the same values), seconds."""
-        axes = table.axes_mask
-        n = self._ring_devices[axes]
-        steps = n - 1.0
-        full = np.where(table.kind == ALL_GATHER, table.bytes_out, table.bytes_in).astype(np.float64)
-        seconds = steps * self._ring_alpha[axes] + steps / n * full / self._ring_bandwidth[axes]
-        seconds = np.where(table.kind == ALL_REDUCE, 2 * seconds, seconds)
-        return np.where(n > 1, seconds, 0.0)
+        """``float64[collectives]``: ``collective_time`` of every row of ``table``, seconds. The size is
+        nccl-tests': an all-gather's output, every other kind's input."""
+        nbytes = np.where(table.kind == ALL_GATHER, table.bytes_out, table.bytes_in).astype(np.float64)
+        latency = self._candidate_latency[table.kind, table.axes_mask]  # [rows, candidates]
+        per_byte = self._candidate_per_byte[table.kind, table.axes_mask]
+        return (latency + per_byte * nbytes[:, None]).min(axis=1)
 
     def kernel_work(self, state: ShardingState, value_bytes: np.ndarray | None = None, *,
                     class_bytes: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
