@@ -48,6 +48,9 @@ step_overhead = 1e-5
 scatter_add_rate = 1e9
 scatter_add_rate_16bit = 5e8
 sources = ["round numbers"]
+[compiler]
+combine_threshold = 0
+sources = ["round numbers: nothing combined unless a test says so"]
 [[interconnect]]
 level = "nvlink"
 devices = 8

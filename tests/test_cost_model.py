@@ -39,6 +39,9 @@ step_overhead = 1e-5
 scatter_add_rate = 1e9
 scatter_add_rate_16bit = 5e8
 sources = ["round numbers"]
+[compiler]
+combine_threshold = 0
+sources = ["round numbers: nothing combined unless a test says so"]
 [[interconnect]]
 level = "nvlink"
 devices = 8
@@ -137,6 +140,95 @@ def test_a_collective_hides_behind_an_independent_matmul(unit, independent, over
     assert on.step_time_s == pytest.approx(first + overlapped + STEP)
     assert off.step_time_s == pytest.approx(first + second + all_reduce + STEP)
     assert on.breakdown["hidden_communication_s"] == pytest.approx(min(second, all_reduce))
+
+
+def test_a_gradient_all_reduce_read_through_a_view_hides_behind_later_matmuls(unit):
+    """A weight gradient's first reader is a reshape to the parameter's shape, a view with no kernel of its
+    own: the all-reduce is due at the kernel that reads through it, after the independent matmul, which hides
+    it."""
+
+    def fn(a, b, c, d):
+        gradient = jnp.reshape(a @ b, (256, 16, 16))  # contracting dim split over model: a partial result
+        other = c @ d  # an earlier layer's backward matmul, independent of the gradient
+        return gradient * 2.0, other
+
+    model = _model(fn, [(256, 512), (512, 256), (256, 512), (512, 256)], "model=2")
+    state = _shard(model, model.initial(), 0, 1, "model")
+    cost = CostModel(model, unit).evaluate(state)
+    assert [c.kind for c in cost.collectives] == ["all-reduce"]
+    # [256,256]x[256,256] per device (3.3554432e-5 s + 1 us); [256,512]x[512,256] (6.7108864e-5 s + 1 us); the
+    # multiply reads and writes 256 KiB (5.24288e-7 s + 1 us). The all-reduce (2 * 1 us + 262144 B /
+    # 1e11 B/s = 4.62144e-6 s) runs during the second matmul: nothing waits.
+    compute = (3.3554432e-5 + KERNEL) + (6.7108864e-5 + KERNEL) + (5.24288e-7 + KERNEL)
+    assert cost.step_time_s == pytest.approx(compute + STEP)
+    assert cost.breakdown["exposed_communication_s"] == pytest.approx(0.0)
+    assert cost.breakdown["hidden_communication_s"] == pytest.approx(4.62144e-6)
+
+
+def test_the_communication_stream_takes_collectives_in_the_order_they_become_ready(unit):
+    """Two gradients read in the reverse of the order they are made (as an optimizer reads them): the first
+    one's all-reduce runs while the second is computed, not queued behind it."""
+
+    def fn(a1, b1, a2, b2, c, d):
+        first = a1 @ b1
+        second = a2 @ b2
+        other = c @ d
+        return second * 2.0, first * 3.0, other
+
+    big, small = [(1024, 2048), (2048, 1024)], [(256, 512), (512, 256)]
+    model = _model(fn, [*big, *big, *small], "model=2")
+    state = _shard(model, model.initial(), 0, 1, "model")
+    state = _shard(model, state, 2, 1, "model")
+    cost = CostModel(model, unit).evaluate(state)
+    assert [c.kind for c in cost.collectives] == ["all-reduce", "all-reduce"]
+    # Each all-reduce: 2 * 1 us + 4 MiB / 1e11 B/s = 4.394304e-5 s. Items: two [1024,1024]x[1024,1024] matmuls
+    # per device (2.147483648e-3 s + 1 us each), the small matmul (6.7108864e-5 s + 1 us, longer than one
+    # all-reduce, shorter than two), then two multiplies of 4 MiB each way (8.388608e-6 s + 1 us each). In
+    # ready order the first all-reduce runs during the second matmul and the second during the small one:
+    # nothing waits. (In the order of their readers, the second would run first and the first after it, ending
+    # 2 * 4.394304e-5 s after the second matmul, 1.0388608e-5 s after the second multiply could start.)
+    all_reduce = 2e-6 + 4 * 1024 * 1024 / 1e11
+    compute = 2 * (2.147483648e-3 + KERNEL) + (6.7108864e-5 + KERNEL) + 2 * (8.388608e-6 + KERNEL)
+    assert cost.step_time_s == pytest.approx(compute + STEP)
+    assert cost.breakdown["hidden_communication_s"] == pytest.approx(2 * all_reduce)
+
+
+def test_a_hundred_small_all_reduces_are_combined_into_few():
+    """100 independent partial matmuls whose results are only returned: XLA's combiner joins their
+    all-reduces up to its threshold (1024 B here: four 256 B all-reduces a group)."""
+    combining = load_hardware_text(UNIT.replace("combine_threshold = 0", "combine_threshold = 1024"))
+
+    def fn(x, *weights):
+        return [x @ w for w in weights]
+
+    model = _model(fn, [(8, 2)] + [(2, 8)] * 100, "model=2")
+    state = _shard(model, model.initial(), 0, 1, "model")  # the contracting dim of every matmul
+    cost = CostModel(model, combining).evaluate(state)
+    assert len(cost.collectives) == 100 and {c.kind for c in cost.collectives} == {"all-reduce"}
+    assert {c.bytes_in for c in cost.collectives} == {8 * 8 * 4}
+    # 25 all-reduces of 1024 B on 2 devices: 25 * (2 * 1 us + 1024 B / 1e11 B/s) = 5.0256e-5 s, where 100 of
+    # 256 B would take 100 * (2 us + 256 B / 1e11 B/s) = 2.00256e-4 s.
+    assert cost.collectives_launched == 25
+    assert cost.communication_s == {"model": pytest.approx(25 * (2e-6 + 1024 / 1e11))}
+    uncombined = CostModel(model, load_hardware_text(UNIT)).evaluate(state)
+    assert uncombined.collectives_launched == 100
+    assert uncombined.communication_s == {"model": pytest.approx(100 * (2e-6 + 256 / 1e11))}
+
+
+def test_dependent_all_reduces_are_not_combined():
+    """The second matmul reads the first one's all-reduced result: its all-reduce cannot wait for the first
+    one's group, so both run, however high the threshold."""
+    combining = load_hardware_text(UNIT.replace("combine_threshold = 0", "combine_threshold = 1e9"))
+
+    def fn(x, w1, w2):
+        first = x @ w1
+        return (x * jnp.sum(first)) @ w2
+
+    model = _model(fn, [(8, 64), (64, 8), (64, 8)], "model=2")
+    state = _shard(model, model.initial(), 0, 1, "model")  # both matmuls' contracting dim
+    cost = CostModel(model, combining).evaluate(state)
+    assert [c.kind for c in cost.collectives] == ["all-reduce", "all-reduce"]
+    assert cost.collectives_launched == 2
 
 
 def test_a_fused_elementwise_chain_costs_one_kernels_bytes(unit):

@@ -36,6 +36,9 @@ step_overhead = 5e-5
 scatter_add_rate = 1e11
 scatter_add_rate_16bit = 5e10
 sources = ["a measurement"]
+[compiler]
+combine_threshold = 1e6
+sources = ["a compiler's default"]
 [[interconnect]]
 level = "nvlink"
 devices = 4
@@ -83,12 +86,12 @@ def test_bundled_profile_loads_with_positive_numbers(name):
 @pytest.mark.parametrize("name", BUNDLED)
 def test_bundled_profile_cites_sources_in_every_section(name):
     data = tomllib.loads((resource_dir("hardware") / f"{name}.toml").read_text())
-    sections = [data["compute"], data["memory"], *data["interconnect"]]
+    sections = [data["compute"], data["memory"], data["compiler"], *data["interconnect"]]
     for section in sections:
         assert section["sources"]
         for source in section["sources"]:
             # A web source, or the repository's fit of the collective parameters (BENCHMARKS.md).
-            assert re.fullmatch(r"[SV]\d+: https?://\S+|F1: benchmarks/fit_collectives\.py .*", source), source
+            assert re.fullmatch(r"[SVX]\d+: https?://\S+|F1: benchmarks/fit_collectives\.py .*", source), source
 
 
 def test_datasheet_ordering():
@@ -164,6 +167,8 @@ def test_malformed_toml_gives_path_and_line(tmp_path):
         ("switch_reduction = false", "switch_reduction = false\nswitch_latency = 1e-6",
          "interconnect[1].switch_latency"),
         ("bandwidth = 100e9", "bandwidth = 100e9\nnics = 4", "interconnect[0].nics"),
+        ("combine_threshold = 1e6", "combine_threshold = -1", "compiler.combine_threshold"),
+        ("[compiler]\ncombine_threshold = 1e6\n", "[compiler]\n", "compiler.combine_threshold"),
     ],
 )
 def test_bad_field_is_named(tmp_path, old, new, field):
@@ -189,7 +194,8 @@ def test_user_profile_loads_by_path(tmp_path):
     # The network: 2 NICs of 25 GB/s per node of 4 devices is 12.5 GB/s per device.
     assert (ethernet.nics, ethernet.nic_bandwidth, ethernet.bandwidth) == (2, 25e9, 12.5e9)
     assert (ethernet.switch_reduction, ethernet.switch_latency) == (False, 0.0)
-    assert hardware.sources == ("a datasheet", "a measurement")
+    assert hardware.sources == ("a datasheet", "a measurement", "a compiler's default")
+    assert hardware.combine_threshold == 1e6
     assert (hardware.matmul_efficiency, hardware.f32_matmul, hardware.scatter_rate(16)) == (0.6, "f32", 5e10)
 
 

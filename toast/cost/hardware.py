@@ -19,7 +19,8 @@ from toast.errors import ToastError
 from toast.resources import resource_dir
 from toast.toml_files import read_toml
 
-_TOP_KEYS = ("name", "description", "compute", "memory", "kernels", "interconnect")
+_TOP_KEYS = ("name", "description", "compute", "memory", "kernels", "compiler", "interconnect")
+_COMPILER_KEYS = ("combine_threshold", "sources")
 _KERNEL_KEYS = ("matmul_efficiency", "matmul_overhead", "f32_matmul", "hbm_efficiency", "kernel_overhead",
                 "step_overhead", "scatter_add_rate", "scatter_add_rate_16bit", "sources")
 _MEMORY_KEYS = ("hbm_bytes", "hbm_bandwidth", "sources")
@@ -100,6 +101,8 @@ class Hardware:
       step_overhead: seconds added once per step (launching the program).
       scatter_add_rate: atomic updates per second of a scatter-add of 32-bit (and wider) elements.
       scatter_add_rate_16bit: the same for 16-bit and narrower elements.
+      combine_threshold: bytes up to which the compiler combines independent all-reduces (all-gathers,
+        reduce-scatters) of one kind and axis set into one (XLA's collective combiners); 0 combines none.
     """
 
     name: str
@@ -118,6 +121,7 @@ class Hardware:
     step_overhead: float
     scatter_add_rate: float
     scatter_add_rate_16bit: float
+    combine_threshold: float = 0.0
 
     def matmul_flops(self, dtype: str) -> float:
         """Peak FLOP/s of a matmul whose operands are ``dtype``: f32 at the ``f32_matmul`` rate (what XLA's
@@ -232,8 +236,14 @@ def _hardware(data: dict, path: str) -> Hardware:
         raise ToastError(f"{path}: field 'kernels.f32_matmul' must name a [compute] entry "
                          f"({', '.join(sorted(peak_flops))})")
     fractions = {key: _fraction(kernels, key, "kernels", path) for key in ("matmul_efficiency", "hbm_efficiency")}
+    compiler = _table(data, "compiler", path)
+    _known_keys(compiler, _COMPILER_KEYS, "compiler.", path)
+    combine_threshold = compiler.get("combine_threshold")
+    if isinstance(combine_threshold, bool) or not isinstance(combine_threshold, int | float) \
+            or not math.isfinite(combine_threshold) or combine_threshold < 0:
+        raise ToastError(f"{path}: field 'compiler.combine_threshold' must be a number of bytes, 0 or more")
     sources = (_sources(compute, "compute", path) + _sources(memory, "memory", path)
-               + _sources(kernels, "kernels", path))
+               + _sources(kernels, "kernels", path) + _sources(compiler, "compiler", path))
     return Hardware(
         name=name,
         description=description,
@@ -251,6 +261,7 @@ def _hardware(data: dict, path: str) -> Hardware:
         step_overhead=_positive(kernels, "step_overhead", "kernels", path),
         scatter_add_rate=_positive(kernels, "scatter_add_rate", "kernels", path),
         scatter_add_rate_16bit=_positive(kernels, "scatter_add_rate_16bit", "kernels", path),
+        combine_threshold=float(combine_threshold),
     )
 
 

@@ -31,16 +31,19 @@ The relative cost is ``C(s) = RT(s) + MP(s)`` with ``RT = step time / initial st
 
 from __future__ import annotations
 
+import bisect
+import heapq
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from toast.cost.collectives import ALL_GATHER, KINDS, Collective, CollectiveTable, CommunicationModel
+from toast.cost.collectives import ALL_GATHER, ALL_TO_ALL, KINDS, Collective, CollectiveTable, CommunicationModel
 from toast.cost.hardware import Hardware
-from toast.cost.kernels import KernelPlan
+from toast.cost.kernels import BRANCH_OPS, LOOP_OPS, KernelPlan
 from toast.cost.network import Algorithm, GroupSpan, algorithms, axis_spans, collective_seconds, mesh_group_span
 from toast.errors import ToastError
+from toast.frontend.ir import TERMINATORS
 from toast.sharding.state import NamePartition, ShardingModel, ShardingState
 
 BREAKDOWN_KEYS = ("compute_bound_s", "memory_bound_s", "launch_overhead_s", "exposed_communication_s",
@@ -58,11 +61,17 @@ class Cost:
         ``memory_bound_s`` (kernels limited by HBM bytes), ``launch_overhead_s`` (per-kernel and per-step
         overheads), ``exposed_communication_s`` (collective time the compute stream waits for); and
         ``hidden_communication_s``, collective time overlapped with compute (not part of the step time).
-      communication_s: collective time per mesh axis set (``"model"``, ``"batch+model"``), seconds.
+      communication_s: collective time per mesh axis set (``"model"``, ``"batch+model"``), seconds, after
+        combining.
       peak_bytes: peak memory per device, bytes.
       kernels: kernels launched per step (loop bodies once per iteration).
       relative: ``C(s) = RT(s) + MP(s)`` against the unsharded state.
-      collectives: the collectives counted.
+      collectives: the collectives counted (as the partitioner emits them, before combining).
+      communication_by_level_s: collective time per interconnect level crossed (``"nvlink"``, ``"infiniband"``,
+        ``"nvlink+infiniband"`` for a group spanning both), seconds.
+      exposed_communication_by_axes_s: the part of ``communication_s`` the step waits for, per mesh axis set
+        (the rest is hidden behind compute), seconds.
+      collectives_launched: collectives launched per step after combining (loop bodies once).
     """
 
     step_time_s: float
@@ -73,6 +82,9 @@ class Cost:
     kernels: int
     relative: float
     collectives: tuple[Collective, ...]
+    communication_by_level_s: dict[str, float] = field(default_factory=dict)
+    exposed_communication_by_axes_s: dict[str, float] = field(default_factory=dict)
+    collectives_launched: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,14 +203,37 @@ class CostModel:
                                    else -1, after)
         self.op_in_loop = np.asarray([plan.enclosing_loop(op.id) >= 0 for op in ops], dtype=bool)
         self.op_repeats = np.asarray([plan.repeats_in(plan.enclosing_loop(op.id)) for op in ops], dtype=np.float64)
-        # The item that first reads each buffer (partial results wait there for their all-reduce).
+        # The item that first reads each buffer (partial results wait there for their all-reduce): the first
+        # kernel that loads it (a transpose or reshape of a weight gradient has no kernel of its own: the kernel
+        # reading through it is the reader), or a loop, branch or terminator that hands it on.
         first_reader = np.full(len(program.values), self.item_count, dtype=np.int64)
+        read_kernel, read_value, _ = plan.reads
+        readers = [(int(top_of_kernel[k]), int(plan.root[v])) for k, v in zip(read_kernel.tolist(),
+                                                                             read_value.tolist(), strict=True)]
+        readers.extend((int(self.item_of_op[op.id]), int(plan.root[value_id])) for op in ops
+                       if kernel_of_op[op.id] < 0 and (op.kind in TERMINATORS or op.kind in LOOP_OPS
+                                                       or op.kind in BRANCH_OPS) for value_id in op.operands)
+        reader_items: dict[int, list[int]] = {}
+        for item, r in readers:
+            if item > self._producer_item(r):
+                first_reader[r] = min(first_reader[r], item)
+                reader_items.setdefault(r, []).append(item)
+        # The item that needs what an op reads: its own; for an op without a kernel (a view, or a cheap op
+        # recomputed in its readers) the first kernel from there on that reads its results' or its operands'
+        # buffers (use collectives are due there, not at the next kernel).
+        self.consumer_item_of_op = self.item_of_op.copy()
+        sorted_readers = {r: sorted(set(items)) for r, items in reader_items.items()}
         for op in ops:
-            item = int(self.item_of_op[op.id])
-            for value_id in op.operands:
-                r = int(plan.root[value_id])
-                if item > self._producer_item(r):
-                    first_reader[r] = min(first_reader[r], item)
+            if kernel_of_op[op.id] >= 0 or op.kind in TERMINATORS or op.kind in LOOP_OPS or op.kind in BRANCH_OPS:
+                continue
+            earliest = int(self.item_of_op[op.id])
+            due = self.item_count
+            for value_id in (*op.results, *op.operands):
+                items = sorted_readers.get(int(plan.root[value_id]), [])
+                at = bisect.bisect_left(items, earliest)
+                if at < len(items):
+                    due = min(due, items[at])
+            self.consumer_item_of_op[op.id] = due
         self.first_reader = first_reader
         # Per value (through its buffer's root): the item that makes it (-1: an argument), the first reader.
         root = np.asarray(plan.root, dtype=np.int64)
@@ -226,22 +261,17 @@ class CostModel:
         relative = step / initial_time if initial_time > 0 else 1.0
         if peak > self.device_memory and initial_peak > 0:
             relative += self.memory_penalty * (peak - self.device_memory) / initial_peak
+        extra = absolute[6]
         return Cost(step_time_s=step, compute_s=absolute[1], breakdown=absolute[2], communication_s=absolute[3],
-                    peak_bytes=peak, kernels=self.kernel_count, relative=relative, collectives=tuple(absolute[5]))
+                    peak_bytes=peak, kernels=self.kernel_count, relative=relative, collectives=tuple(absolute[5]),
+                    communication_by_level_s=extra["by_level"],
+                    exposed_communication_by_axes_s=extra["exposed_by_axes"], collectives_launched=extra["launched"])
 
     def collective_time(self, collective: Collective) -> float:
         """Seconds of one collective over its axes' span (``toast.cost.network``)."""
         span = mesh_group_span(list(self.model.mesh.axes), collective.axes, self.hardware)
         nbytes = collective.bytes_out if collective.kind == "all-gather" else collective.bytes_in
         return collective_seconds(collective.kind, nbytes, span, self.hardware)
-
-    def _collective_durations(self, table: CollectiveTable) -> np.ndarray:
-        """``float64[collectives]``: ``collective_time`` of every row of ``table``, seconds. The size is
-        nccl-tests': an all-gather's output, every other kind's input."""
-        nbytes = np.where(table.kind == ALL_GATHER, table.bytes_out, table.bytes_in).astype(np.float64)
-        latency = self._candidate_latency[table.kind, table.axes_mask]  # [rows, candidates]
-        per_byte = self._candidate_per_byte[table.kind, table.axes_mask]
-        return (latency + per_byte * nbytes[:, None]).min(axis=1)
 
     def kernel_work(self, state: ShardingState, value_bytes: np.ndarray | None = None, *,
                     class_bytes: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -338,31 +368,45 @@ class CostModel:
         overheads = float((self.overhead * repeats).sum()) + self.hardware.step_overhead
         item_time = np.bincount(self.top_of_kernel, weights=seconds * repeats, minlength=self.item_count)
         table = self.communication.table(state, value_bytes)
-        durations = self._collective_durations(table)
+        nbytes = np.where(table.kind == ALL_GATHER, table.bytes_out, table.bytes_in).astype(np.float64)
+        durations = self._durations(table.kind, table.axes_mask, nbytes)
         ops = table.op
-        repeated = durations * self.op_repeats[ops]
-        communication = self._communication_by_axes(table.axes_mask, repeated)
-        # Collectives inside a loop body run there, exposed; the others go on the communication stream.
+        # Collectives inside a loop body run there, exposed; the others go on the communication stream, combined
+        # as XLA's combiners combine them.
         in_loop = self.op_in_loop[ops]
-        np.add.at(item_time, self.item_of_op[ops[in_loop]], repeated[in_loop])  # in order, as a loop adds
-        in_loops = _sequential_sum(repeated[in_loop])
+        repeated = durations[in_loop] * self.op_repeats[ops[in_loop]]
+        np.add.at(item_time, self.item_of_op[ops[in_loop]], repeated)  # in order, as a loop adds
+        in_loops = _sequential_sum(repeated)
         streamed = ~in_loop
-        ops, values, durations = ops[streamed], table.value[streamed], durations[streamed]
+        values = table.value[streamed]
+        ops = ops[streamed]
         is_use = table.operand[streamed] >= 0
         # A use: ready when the value is, needed by the op using it. A partial result: ready after its producer,
         # needed by its first reader.
         ready = np.where(is_use, self.ready_item[values], self.item_of_op[ops])
-        consumer = np.where(is_use, self.item_of_op[ops], self.first_reader_of_value[values])
+        consumer = np.where(is_use, self.consumer_item_of_op[ops], self.first_reader_of_value[values])
+        kind, masks, sizes, ready, consumer = self._combine(table.kind[streamed], table.axes_mask[streamed],
+                                                            nbytes[streamed], ready, consumer)
+        durations = self._durations(kind, masks, sizes)
+        communication = self._by_label(np.concatenate((table.axes_mask[in_loop], masks)),
+                                       np.concatenate((repeated, durations)), self._axes_label)
+        by_level = self._by_label(np.concatenate((table.axes_mask[in_loop], masks)),
+                                  np.concatenate((repeated, durations)), self._levels_label)
         compute_busy = float(item_time.sum()) + self.hardware.step_overhead
         total_comm = _sequential_sum(durations)
         if not self.overlap:
             step = compute_busy + total_comm
             exposed = total_comm
+            late = durations
         else:
-            step = self._makespan(item_time, consumer, ready, durations) + self.hardware.step_overhead
+            makespan, late = self._makespan(item_time, consumer, ready, durations, masks)
+            step = makespan + self.hardware.step_overhead
             exposed = step - compute_busy
             if exposed < 1e-12 * max(step, 1.0):  # rounding of the same sums taken in two orders
                 exposed, step = 0.0, compute_busy
+                late = np.zeros(len(durations))
+        exposed_by_axes = self._by_label(np.concatenate((table.axes_mask[in_loop], masks)),
+                                         np.concatenate((repeated, late)), self._axes_label)
         breakdown = {
             "compute_bound_s": busy_compute,
             "memory_bound_s": busy_memory,
@@ -372,22 +416,75 @@ class CostModel:
         }
         peak = self._peak_memory(table, value_bytes)
         listed = self.communication.to_list(table) if collectives else []
-        return step, compute_busy - in_loops, breakdown, communication, peak, listed
+        return (step, compute_busy - in_loops, breakdown, communication, peak, listed,
+                {"by_level": by_level, "exposed_by_axes": exposed_by_axes, "launched": len(kind) + int(in_loop.sum())})
 
-    def _communication_by_axes(self, axes_mask: np.ndarray, seconds: np.ndarray) -> dict[str, float]:
-        """Seconds per mesh axis set (``"batch+model"``), the sets in order of first appearance, each sum
-        taken in row order. ``axes_mask``: ``int64[collectives]``; ``seconds``: ``float64[collectives]``."""
+    @staticmethod
+    def _by_label(axes_mask: np.ndarray, seconds: np.ndarray, labels: list[str]) -> dict[str, float]:
+        """Seconds per label of the axes masks (``labels[mask]``: an axis set ``"batch+model"`` or the levels
+        ``"nvlink+infiniband"``), in order of first appearance, each sum taken in row order. ``axes_mask``:
+        ``int64[collectives]``; ``seconds``: ``float64[collectives]``."""
         if not len(axes_mask):
             return {}
         sums = np.bincount(axes_mask, weights=seconds, minlength=256).tolist()  # adds in row order
         present = np.flatnonzero(np.bincount(axes_mask, minlength=256)).tolist()  # a few axis sets
         if len(present) > 1:
             present.sort(key=lambda mask: int(np.argmax(axes_mask == mask)))  # by first row
-        labels = self._axes_label
-        return {labels[mask]: sums[mask] for mask in present}
+        found: dict[str, float] = {}
+        for mask in present:
+            found[labels[mask]] = found.get(labels[mask], 0.0) + sums[mask]
+        return found
+
+    def _durations(self, kind: np.ndarray, axes_mask: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
+        """``float64[rows]``: seconds of collectives of kinds ``kind`` (codes of ``KINDS``) over ``axes_mask``
+        moving ``nbytes`` (nccl-tests' size) each: the fastest algorithm of each."""
+        latency = self._candidate_latency[kind, axes_mask]  # [rows, candidates]
+        per_byte = self._candidate_per_byte[kind, axes_mask]
+        return (latency + per_byte * nbytes[:, None]).min(axis=1)
+
+    def _combine(self, kind: np.ndarray, axes_mask: np.ndarray, nbytes: np.ndarray, ready: np.ndarray,
+                 consumer: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The collectives as XLA's all-reduce, all-gather and reduce-scatter combiners leave them: of one kind
+        over one axis set, taken in the order their operands are ready, each joins the one before while
+        neither depends on the other (it is ready before the group's first consumer) and the group stays
+        within the profile's ``combine_threshold`` bytes. A group is one collective of the summed size, ready
+        with its last member and due at its first consumer. All-to-alls stay as they are.
+
+        Returns ``(kind, axes_mask, nbytes, ready, consumer)`` of the collectives after combining."""
+        threshold = self.hardware.combine_threshold
+        if len(kind) < 2 or threshold <= 0:
+            return kind, axes_mask, nbytes, ready, consumer
+        order = np.lexsort((consumer, ready, axes_mask, kind))
+        group = np.empty(len(order), dtype=np.int64)
+        current, group_kind, group_mask, group_bytes, group_due = -1, -1, -1, 0.0, 0
+        combinable = kind != ALL_TO_ALL
+        for row, row_kind, row_mask, row_bytes, row_ready, row_due, can in zip(
+                order.tolist(), kind[order].tolist(), axes_mask[order].tolist(), nbytes[order].tolist(),
+                ready[order].tolist(), consumer[order].tolist(), combinable[order].tolist(), strict=True):
+            if (can and row_kind == group_kind and row_mask == group_mask and row_ready < group_due
+                    and group_bytes + row_bytes <= threshold):
+                group_bytes += row_bytes
+                group_due = min(group_due, row_due)
+            else:
+                current += 1
+                group_kind, group_mask, group_bytes, group_due = (row_kind, row_mask, row_bytes, row_due) if can \
+                    else (-1, -1, 0.0, 0)
+            group[row] = current
+        if current + 1 == len(order):
+            return kind, axes_mask, nbytes, ready, consumer
+        count = current + 1
+        first = np.full(count, len(order), dtype=np.int64)
+        np.minimum.at(first, group, np.arange(len(order)))
+        combined_ready = np.full(count, -2, dtype=np.int64)
+        np.maximum.at(combined_ready, group, ready)
+        combined_due = np.full(count, np.iinfo(np.int64).max, dtype=np.int64)
+        np.minimum.at(combined_due, group, consumer)
+        return (kind[first], axes_mask[first], np.bincount(group, weights=nbytes, minlength=count), combined_ready,
+                combined_due)
 
     @staticmethod
-    def _makespan(item_time: np.ndarray, consumer: np.ndarray, ready: np.ndarray, duration: np.ndarray) -> float:
+    def _makespan(item_time: np.ndarray, consumer: np.ndarray, ready: np.ndarray, duration: np.ndarray,
+                  axes_mask: np.ndarray) -> tuple[float, np.ndarray]:
         """Both streams' makespan: items back to back on the compute stream, each collective on the
         communication stream from max(its operand ready, stream free), its consumer waiting for it.
 
@@ -396,20 +493,28 @@ class CostModel:
           consumer: ``int64[collectives]``, the item that needs each collective's result.
           ready: ``int64[collectives]``, the item after which its operand is ready (-1: at the start).
           duration: ``float64[collectives]``, seconds.
+          axes_mask: ``int64[collectives]``, each one's mesh axes.
 
         Returns:
-          Seconds. Collectives run in (consumer, ready, duration) order; a wait of the compute stream for a
-          collective delays every item from its consumer on, and so the operands made there.
+          ``(seconds, exposed)``: the makespan, and ``float64[collectives]``, the part of the step each
+          collective adds (the waits it causes, and for the last, the stream running past the compute). The
+          stream takes collectives in ready order, then consumer order (XLA's latency-hiding scheduler starts
+          each as soon as its operand is ready, and the stream runs them in the order they start); a wait of
+          the compute stream for a collective delays every item from its consumer on, and so the operands
+          made there.
         """
         starts = np.concatenate(([0.0], np.cumsum(item_time)))
         total = float(starts[-1])
+        exposed = np.zeros(len(duration))
         if not len(duration):
-            return total
-        order = np.lexsort((duration, ready, consumer))
+            return total, exposed
+        order = np.lexsort((axes_mask, consumer, ready))
         consumer, ready, duration = consumer[order], ready[order], duration[order]
-        # Collectives with one consumer and one ready item run back to back as one: the stream starts the
-        # first at the same time either way, and the consumer waits for the last.
-        first = np.flatnonzero(np.concatenate(([True], (consumer[1:] != consumer[:-1]) | (ready[1:] != ready[:-1]))))
+        # Collectives with one ready item, one consumer and one axis set run back to back as one: the stream
+        # starts the first at the same time either way, and the consumer waits for the last.
+        first = np.flatnonzero(np.concatenate(([True], (consumer[1:] != consumer[:-1]) | (ready[1:] != ready[:-1])
+                                               | (axes_mask[order][1:] != axes_mask[order][:-1]))))
+        rows = order[first]  # the collective each merged row is reported as
         if len(first) < len(duration):
             consumer, ready, duration = consumer[first], ready[first], np.add.reduceat(duration, first)
         # Items counted from 1 (0: before the first item, when arguments are ready).
@@ -417,22 +522,35 @@ class CostModel:
         made_at = starts[ready]  # before any wait of the compute stream
         # When the consumer starts without waits; never waits (inf) if it makes the operand too (a loop).
         needed_at = np.where(ready < consumer, starts[np.minimum(consumer - 1, len(item_time))], np.inf)
-        # The compute stream's wait before an item is the delay after the last collective consumed at or before
-        # it: row ``known[i] - 1`` (rows sorted by consumer; at most the rows before i, a loop's own included).
-        known = np.minimum(np.searchsorted(consumer, ready, side="right"), np.arange(len(consumer)))
-        delay_after = [0.0]  # the compute stream's delay after each row (index 0: before the first)
+        # The compute stream's delay at an item is the largest lateness of the collectives consumed at or
+        # before it (waits shift one timeline, so they do not add up): known here once their consumer is at or
+        # before the ready item of the collective at hand.
+        pending: list[tuple[int, float, int]] = []  # (consumer, lateness, row) of collectives consumed ahead
         delay = 0.0
         comm_free = 0.0
-        for row_known, ready_time, needed, seconds in zip(
-                known.tolist(), made_at.tolist(), needed_at.tolist(), duration.tolist(), strict=True):
-            ready_time += delay_after[row_known]
+        added = [0.0] * len(rows)
+        for index, (row_ready, row_consumer, ready_time, needed, seconds) in enumerate(zip(
+                ready.tolist(), consumer.tolist(), made_at.tolist(), needed_at.tolist(), duration.tolist(),
+                strict=True)):
+            while pending and pending[0][0] <= row_ready:
+                _, late, late_row = heapq.heappop(pending)
+                if late > delay:
+                    added[late_row] += late - delay
+                    delay = late
+            ready_time += delay
             if ready_time > comm_free:
                 comm_free = ready_time
             comm_free += seconds
-            if comm_free - needed > delay:  # the consumer waits for it
-                delay = comm_free - needed
-            delay_after.append(delay)
-        return max(total + delay, comm_free)
+            if comm_free > needed:
+                heapq.heappush(pending, (row_consumer, comm_free - needed, index))
+        for _, late, late_row in sorted(pending):
+            if late > delay:
+                added[late_row] += late - delay
+                delay = late
+        if comm_free > total + delay:  # the stream runs on after the last item
+            added[-1] += comm_free - (total + delay)
+        exposed[rows] = added
+        return max(total + delay, comm_free), exposed
 
     def live_at_peak(self, state: ShardingState, *, top: int = 5) -> list[LiveBuffer]:
         """The ``top`` largest buffers live when the peak is reached (largest first)."""
