@@ -205,7 +205,9 @@ def test_shard_command_writes_a_strategy(tmp_path, capsys):
     assert [a["partition_spec"] for a in document["arguments"]] == [["batch", None], [None, "model"], ["model", None]]
     assert [(c["kind"], c["axes"], c["bytes_in"]) for c in document["collectives"]] == [("all-reduce", ["model"], 4096)]
     assert set(document["cost"]) == {"step_time_s", "peak_bytes", "breakdown", "kernels", "collectives",
-                                     "communication_s", "relative"}
+                                     "collectives_launched", "communication_s", "exposed_communication_s",
+                                     "communication_by_level_s", "relative"}
+    assert document["cost"]["communication_by_level_s"].keys() == {"nvlink"}
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -131,6 +131,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     sweep_parser.add_argument("--ray", nargs="?", const="auto", metavar="ADDRESS", help="run the jobs as tasks on "
                               "a Ray cluster: ADDRESS, or the one `ray start --head` runs here (auto); 'local' "
                               "starts one for this run")
+    calibrate_parser = commands.add_parser("calibrate", help="fit a profile's collective parameters to your "
+                                           "cluster's nccl-tests outputs and write it as a new profile")
+    calibrate_parser.add_argument("--nccl-tests", nargs="+", required=True, metavar="LOG",
+                                  help="outputs of all_reduce_perf, all_gather_perf, reduce_scatter_perf or "
+                                  "alltoall_perf (with their '#  Rank' header lines), on one node or several")
+    calibrate_parser.add_argument("--base", default="h100", help="the profile to start from: its bandwidths, node "
+                                  "size and kernel numbers are kept (hardware/NAME.toml or a TOML path)")
+    calibrate_parser.add_argument("-o", "--output", required=True, metavar="FILE",
+                                  help="the new profile (a .toml file; load it with --hardware FILE)")
     validate_parser = commands.add_parser("validate", help="compile and run a strategy with XLA on host CPU "
                                           "devices; compare collectives and memory with the predictions")
     _add_analysis_options(validate_parser)
@@ -152,6 +161,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def _calibrate(options: argparse.Namespace) -> int:
+    import datetime
+
+    from toast.cost.calibration import fit_collectives, read_nccl_tests
+    from toast.cost.hardware import load_hardware
+    from toast.output.files import Output, check_output, write_outputs
+    from toast.output.profile_file import calibrated_profile_text
+    from toast.output.report import human_seconds
+
+    output = Path(options.output)
+    if output.suffix != ".toml":
+        raise ToastError(f"-o {options.output}: a profile is a .toml file")
+    check_output(output, option="-o")
+    base = load_hardware(options.base)
+    curves = [read_nccl_tests(path) for path in options.nccl_tests]
+    print(f"fitting profile '{base.name}' to {len(curves)} nccl-tests output{'s' if len(curves) > 1 else ''}")
+    fit = fit_collectives(curves, [base] * len(curves))
+    for curve, ratios in zip(curves, fit.ratios, strict=True):
+        print(f"{curve.source}: {curve.kind}, {curve.ranks} ranks on {curve.nodes} node{'s' * (curve.nodes > 1)}")
+        print(f"  {'bytes':>12} {'measured':>10} {'model':>10} {'model/measured':>14}")
+        for size, seconds, ratio in zip(curve.sizes, curve.seconds, ratios.tolist(), strict=True):
+            print(f"  {size:>12} {human_seconds(seconds):>10} {human_seconds(seconds * ratio):>10} {ratio:>14.2f}")
+    for (level, field), value in sorted(fit.parameters.items()):
+        print(f"interconnect[{level}] ({base.interconnect[level].name}).{field} = {value:.4g} "
+              f"(was {getattr(base.interconnect[level], field):.4g})")
+    names = ", ".join(Path(path).name for path in options.nccl_tests)
+    source = f"C1: toast calibrate on {names} ({datetime.date.today().isoformat()})"
+    text = calibrated_profile_text(base, fit.parameters, name=output.stem, source=source)
+    write_outputs([Output("-o", output, text)])
+    print(f"wrote {output}")
+    return 0
+
+
 def _output_options(options: argparse.Namespace) -> list[tuple[str, str]]:
     """``(option, path)`` of every file the command was asked to write."""
     named = (("--json", "json"), ("-o", "output"), ("--emit", "emit"), ("--report", "report"))
@@ -167,6 +209,8 @@ def _run(options: argparse.Namespace) -> int:
 
     if options.command == "sweep":
         return _sweep(options)
+    if options.command == "calibrate":
+        return _calibrate(options)
     # Every file the command will write is checked before any work (and written all or none).
     for option, path in _output_options(options):
         check_output(path, option=option)
@@ -350,6 +394,15 @@ def _cost(options: argparse.Namespace, analysis, hardware, mesh, strategy, roles
     for label_text, key in rows:
         note = " (overlapped, not in the step time)" if key == "hidden_communication_s" else ""
         print(f"  {label_text:<22} {human_seconds(breakdown[key]):>10}{note}")
+    if cost.communication_s:
+        print(f"communication: {cost.collectives_launched} collectives launched after combining")
+        for axes, seconds in cost.communication_s.items():
+            exposed = cost.exposed_communication_by_axes_s.get(axes, 0.0)
+            spans = ", ".join(f"{axis} {costs.spans[axis].placement}" for axis in axes.split("+"))
+            print(f"  over {axes:<19} {human_seconds(seconds):>10}, {human_seconds(max(seconds - exposed, 0.0))} "
+                  f"hidden ({spans})")
+        for level, seconds in cost.communication_by_level_s.items():
+            print(f"  on {level:<21} {human_seconds(seconds):>10}")
     print(f"peak memory {human_bytes(cost.peak_bytes)} per device; largest live buffers at the peak:")
     for buffer in live:
         shape = "x".join(str(d) for d in buffer.shape) or "scalar"

@@ -28,6 +28,11 @@ def read_toml(path: Path, *, what: str) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as err:
         reason = err.strerror if isinstance(err, OSError) else "not UTF-8 text"
         raise ToastError(f"{path}: cannot read {what}: {reason}") from None
+    return parse_toml(text, path, what=what)
+
+
+def parse_toml(text: str, path: Path | str, *, what: str) -> dict[str, Any]:
+    """The document of TOML ``text`` read from ``path`` (for messages), with ``read_toml``'s errors."""
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:

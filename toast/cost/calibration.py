@@ -219,7 +219,7 @@ def fit_collectives(curves: Sequence[CollectiveCurve], hardware: Sequence[Hardwa
       starts_count: local fits tried (the first from the profile's values, the others from seeded random
         points); the best is kept.
       prior_weight: the weight of each efficiency's log-distance from the profile's value, against a weight of
-        1 for each measurement's log-ratio (a latency's weighs 30 times less).
+        1 for each measurement's log-ratio (a latency's, and the small-message regime's, weigh 30 times less).
 
     Returns:
       The fit. Parameters no curve depends on keep the first profile's values.
@@ -243,7 +243,9 @@ def fit_collectives(curves: Sequence[CollectiveCurve], hardware: Sequence[Hardwa
                         for index, field in names])
     start = np.clip(start, lower, upper)
     # Efficiencies are known to within tens of percent before any measurement, latencies hardly at all.
-    prior_weights = np.asarray([prior_weight if "efficiency" in field else prior_weight / 30 for _, field in names])
+    # The small-message regime's fractions of the large one's are the measurements' to say.
+    prior_weights = np.asarray([prior_weight if "efficiency" in field and name not in relative else prior_weight / 30
+                                for name in names for _, field in [name]])
     used = [(curve, profile, np.asarray(curve.sizes, dtype=np.float64) >= min_bytes)
             for curve, profile in zip(curves, hardware, strict=True)]
     if not any(mask.any() for _, _, mask in used):

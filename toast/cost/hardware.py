@@ -17,7 +17,7 @@ from pathlib import Path
 
 from toast.errors import ToastError
 from toast.resources import resource_dir
-from toast.toml_files import read_toml
+from toast.toml_files import parse_toml, read_toml
 
 _TOP_KEYS = ("name", "description", "compute", "memory", "kernels", "compiler", "interconnect")
 _COMPILER_KEYS = ("combine_threshold", "sources")
@@ -197,6 +197,12 @@ def load_hardware(name_or_path: str) -> Hardware:
     if not path.is_file():
         raise ToastError(f"{path}: no such hardware profile")
     return _hardware(read_toml(path, what="hardware profile"), str(path))
+
+
+def hardware_from_text(text: str, path: str) -> Hardware:
+    """The profile in TOML ``text`` (``path`` names it in messages and becomes ``Hardware.path``), checked as
+    ``load_hardware`` checks a file."""
+    return _hardware(parse_toml(text, path, what="hardware profile"), path)
 
 
 def _hardware(data: dict, path: str) -> Hardware:

@@ -61,15 +61,20 @@ def strategy_json(model: ShardingModel, state: ShardingState, actions: Sequence[
 
 def cost_json(cost: Any) -> dict[str, Any]:
     """A ``Cost`` as JSON: ``step_time_s``, ``peak_bytes`` (per device), ``breakdown`` (seconds), ``kernels``
-    (launches per step), ``collectives`` (count), ``communication_s`` (seconds per mesh axis set),
-    ``relative`` (C(s)). The same keys in ``toast cost --json`` and a strategy file's ``cost``."""
+    (launches per step), ``collectives`` (count, as partitioned), ``collectives_launched`` (after combining),
+    ``communication_s`` (seconds per mesh axis set), ``exposed_communication_s`` (the part of it the step waits
+    for, per mesh axis set), ``communication_by_level_s`` (seconds per interconnect level), ``relative`` (C(s)).
+    The same keys in ``toast cost --json`` and a strategy file's ``cost``."""
     return {
         "step_time_s": cost.step_time_s,
         "peak_bytes": cost.peak_bytes,
         "breakdown": dict(cost.breakdown),
         "kernels": cost.kernels,
         "collectives": len(cost.collectives),
+        "collectives_launched": cost.collectives_launched,
         "communication_s": dict(sorted(cost.communication_s.items())),
+        "exposed_communication_s": dict(sorted(cost.exposed_communication_by_axes_s.items())),
+        "communication_by_level_s": dict(sorted(cost.communication_by_level_s.items())),
         "relative": cost.relative,
     }
 
