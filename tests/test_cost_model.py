@@ -337,6 +337,27 @@ def test_cost_command_prints_the_breakdown_and_the_largest_buffers(tmp_path, cap
     assert document["peak_bytes"] == 65536 * 2 + 32768 + 16384 + 8192 + 4096
 
 
+def test_cost_command_reports_communication_per_axis_and_level(tmp_path, capsys):
+    """Megatron's MLP on 16 h100s, batch=8 over two nodes and model=2 inside one: the batch axis's
+    collectives cross both levels, the model axis's stay on NVLink; the JSON has the same split."""
+    from toast.cli import main
+
+    out = tmp_path / "cost.json"
+    assert main(["cost", "toast.examples.mlp:mlp", "--engine", "embedded", "--hardware", "h100", "--mesh",
+                 "batch=8,model=2", "--strategy", "megatron", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "over model" in text and "(2 devices, 2 per node: nvlink)" in text and "on nvlink " in text
+    document = json.loads(out.read_text())
+    assert set(document["communication_by_level_s"]) == {"nvlink"}  # Megatron's MLP: all-reduces over model
+    assert set(document["exposed_communication_s"]) <= set(document["communication_s"]) == {"model"}
+    assert document["collectives_launched"] >= 1
+    assert main(["cost", "toast.examples.mlp:mlp", "--engine", "embedded", "--hardware", "h100", "--mesh",
+                 "batch=8,model=2", "--strategy", "fsdp", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "(8 devices, 4 per node: nvlink+infiniband)" in text  # batch: devices 0, 2, ..., 14
+    assert "nvlink+infiniband" in json.loads(out.read_text())["communication_by_level_s"]
+
+
 def test_cost_command_reads_a_strategy_file_and_its_donation(tmp_path, capsys):
     from toast.cli import main
 

@@ -361,6 +361,7 @@ def _cost_plan(options: argparse.Namespace):
 
 def _cost(options: argparse.Namespace, analysis, hardware, mesh, strategy, roles, document) -> int:
     from toast.cost.model import CostModel
+    from toast.cost.network import mesh_group_span
     from toast.output.files import Output, json_text, write_outputs
     from toast.output.report import human_bytes, human_seconds
     from toast.output.strategy_file import cost_json, strategy_state
@@ -396,11 +397,11 @@ def _cost(options: argparse.Namespace, analysis, hardware, mesh, strategy, roles
         print(f"  {label_text:<22} {human_seconds(breakdown[key]):>10}{note}")
     if cost.communication_s:
         print(f"communication: {cost.collectives_launched} collectives launched after combining")
-        for axes, seconds in cost.communication_s.items():
-            exposed = cost.exposed_communication_by_axes_s.get(axes, 0.0)
-            spans = ", ".join(f"{axis} {costs.spans[axis].placement}" for axis in axes.split("+"))
-            print(f"  over {axes:<19} {human_seconds(seconds):>10}, {human_seconds(max(seconds - exposed, 0.0))} "
-                  f"hidden ({spans})")
+        for axis_set, seconds in cost.communication_s.items():
+            exposed = cost.exposed_communication_by_axes_s.get(axis_set, 0.0)
+            span = mesh_group_span(mesh.axes, axis_set.split("+"), hardware)
+            print(f"  over {axis_set:<19} {human_seconds(seconds):>10}, {human_seconds(max(seconds - exposed, 0.0))} "
+                  f"hidden ({span.devices} devices, {span.per_node} per node: {span.levels(hardware)})")
         for level, seconds in cost.communication_by_level_s.items():
             print(f"  on {level:<21} {human_seconds(seconds):>10}")
     print(f"peak memory {human_bytes(cost.peak_bytes)} per device; largest live buffers at the peak:")
