@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from toast import Action, CostModel, ShardingModel, analyze, parse_mesh
+from toast import Action, CostModel, ShardingModel, ToastError, analyze, parse_mesh
 from toast.cost.hardware import load_hardware
 from toast.cost.kernels import KernelPlan, kernel_counts
 
@@ -229,6 +229,33 @@ def test_dependent_all_reduces_are_not_combined():
     cost = CostModel(model, combining).evaluate(state)
     assert [c.kind for c in cost.collectives] == ["all-reduce", "all-reduce"]
     assert cost.collectives_launched == 2
+
+
+def test_micro_batches_run_the_step_but_the_optimizer_and_the_gradient_reduction_k_times(unit):
+    """Gradient accumulation over 4 micro-batches: the forward and backward matmuls run 4 times, the gradient
+    all-reduce and the update once."""
+
+    def step(w, x):
+        gradient = jnp.einsum("bi,bj->ij", x, x @ w)  # contracts the batch: a partial sum per device
+        return w - 0.1 * gradient
+
+    model = _model(step, [(512, 512), (256, 512)], "data=2")
+    state = _shard(model, model.initial(), 1, 0, "data")  # the batch
+    one = CostModel(model, unit).evaluate(state)
+    four = CostModel(model, unit, microbatches=4).evaluate(state)
+    # Per device: [128,512]x[512,512] and [512,128]x[128,512] (6.7108864e-5 s + 1 us each); the all-reduce of the
+    # 1 MiB gradient (2 * 1 us + 1048576 B / 1e11 B/s = 1.248576e-5 s), which the update waits for; the update
+    # reads w and the gradient and writes the new w (3 MiB at 1e12 B/s = 3.145728e-6 s + 1 us).
+    matmuls = 2 * (6.7108864e-5 + KERNEL)
+    last = matmuls + 1.248576e-5 + (3.145728e-6 + KERNEL)
+    assert [c.kind for c in one.collectives] == ["all-reduce"]
+    assert one.step_time_s == pytest.approx(last + STEP)
+    # Three more micro-batches: the matmuls alone.
+    assert four.step_time_s == pytest.approx(last + 3 * matmuls + STEP)
+    assert four.breakdown["exposed_communication_s"] == pytest.approx(1.248576e-5)
+    assert four.breakdown["compute_bound_s"] == pytest.approx(8 * 6.7108864e-5)
+    with pytest.raises(ToastError, match="micro-batches 0"):
+        CostModel(model, unit, microbatches=0)
 
 
 def test_a_fused_elementwise_chain_costs_one_kernels_bytes(unit):

@@ -101,6 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cost_parser.add_argument("--donate", action="store_true", help="donate the arguments (jax.jit donate_argnums): "
                              "outputs may reuse their buffers")
     cost_parser.add_argument("--no-overlap", action="store_true", help="run collectives on the compute stream")
+    _add_microbatches_option(cost_parser)
     cost_parser.add_argument("--json", metavar="FILE", help="write the estimate as JSON to FILE")
     autoshard_parser = commands.add_parser("autoshard", help="search a sharding (MCTS over the analysis's actions, "
                                            "guided by the cost model) and compare it with the manual strategies")
@@ -336,6 +337,8 @@ def _cost_plan(options: argparse.Namespace):
     from toast.sharding.roles import roles_for_input
     from toast.sharding.strategies import COMPOSITES, STRATEGIES, check_strategy, strategy_parts
 
+    if options.microbatches < 1:
+        raise ToastError(f"--microbatches {options.microbatches}: give 1 or more micro-batches per step")
     hardware = load_hardware(options.hardware)
     mesh = parse_mesh(options.mesh) if options.mesh else None
     strategy = options.strategy
@@ -381,12 +384,14 @@ def _cost(options: argparse.Namespace, analysis, hardware, mesh, strategy, roles
         state, donate, label = model.initial(), (), "unsharded"
     if options.donate:
         donate = tuple(range(len(analysis.program.arguments)))
-    costs = CostModel(model, hardware, donate=donate, overlap=not options.no_overlap)
+    costs = CostModel(model, hardware, donate=donate, overlap=not options.no_overlap,
+                      microbatches=options.microbatches)
     cost = costs.evaluate(state)
     live = costs.live_at_peak(state)
     program = analysis.program
     breakdown = cost.breakdown
-    print(f"{program.name}: {label} on mesh {mesh.spec()} ({hardware.name}){', arguments donated' if donate else ''}")
+    print(f"{program.name}: {label} on mesh {mesh.spec()} ({hardware.name}){', arguments donated' if donate else ''}"
+          f"{f', {options.microbatches} micro-batches' if options.microbatches > 1 else ''}")
     print(f"step time {human_seconds(cost.step_time_s)} per device: {cost.kernels} kernels, "
           f"{len(cost.collectives)} collectives")
     rows = (("compute-bound kernels", "compute_bound_s"), ("memory-bound kernels", "memory_bound_s"),
@@ -416,7 +421,7 @@ def _cost(options: argparse.Namespace, analysis, hardware, mesh, strategy, roles
             "program": program.name, "source": options.input, "hardware": hardware.name,
             "mesh": {"axes": [[axis, size] for axis, size in mesh.axes]},
             "strategy": strategy or (options.strategy if document is not None else None),
-            "donate": list(donate), "overlap": not options.no_overlap,
+            "donate": list(donate), "overlap": not options.no_overlap, "microbatches": options.microbatches,
             **cost_json(cost),
             "live_at_peak": [{"value": b.name, "shape": list(b.shape), "dtype": b.dtype, "bytes": b.bytes,
                               "loc": b.loc} for b in live],
@@ -438,6 +443,7 @@ def _add_search_options(parser: argparse.ArgumentParser) -> None:
     budget.add_argument("--budget", type=float, metavar="SECONDS", help="stop searching after SECONDS")
     budget.add_argument("--rollouts", type=int, metavar="N", help="stop after N rollouts (default 2000)")
     parser.add_argument("--seed", type=int, default=0, help="search seed (same seed, same strategy)")
+    _add_microbatches_option(parser)
     parser.add_argument("--workers", type=int, default=0, metavar="N", help="worker processes (default: "
                                   "one per core; the result does not depend on it)")
     parser.add_argument("--pin", action="append", default=[], metavar="NAME=AXES,...",
@@ -447,6 +453,12 @@ def _add_search_options(parser: argparse.ArgumentParser) -> None:
                                   help="search in phases, in order: the mesh axes a phase may use ('+'-separated) "
                                   "and its goal, runtime or memory, e.g. --phase model:memory --phase batch:runtime "
                                   "(PartIR's composite strategies); default: one phase, all axes, runtime")
+
+
+def _add_microbatches_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--microbatches", type=int, default=1, metavar="K", help="gradient accumulation: the "
+                        "program is one micro-batch's step, K of them make a step and the gradients are reduced "
+                        "once, in the last (Megatron-LM's micro-batches; default 1)")
 
 
 def _autoshard_plan(options: argparse.Namespace):
@@ -466,6 +478,8 @@ def _autoshard_plan(options: argparse.Namespace):
         raise ToastError(f"--memory {options.memory:g}: give the memory per device in GiB, more than 0")
     if options.workers < 0:
         raise ToastError(f"--workers {options.workers}: give 0 (one per core) or more")
+    if options.microbatches < 1:
+        raise ToastError(f"--microbatches {options.microbatches}: give 1 or more micro-batches per step")
     pins: dict[str, tuple] = {}
     for text in options.pin:
         for name, entries in parse_pins(text).items():
@@ -497,7 +511,7 @@ def _autoshard(options: argparse.Namespace, analysis, mesh, hardware, settings, 
 
     progress = _Progress(sys.stderr) if sys.stderr.isatty() else None
     found = find_strategy(analysis, mesh, hardware, source=options.input, pinned=pins, settings=settings,
-                          memory_gib=options.memory, progress=progress)
+                          memory_gib=options.memory, microbatches=options.microbatches, progress=progress)
     if progress is not None:
         progress.finish()
     try:
@@ -560,7 +574,8 @@ def _compare(options: argparse.Namespace, analysis, mesh, hardware, settings, pi
         roles = None
     progress = _Progress(sys.stderr) if sys.stderr.isatty() else None
     result = compare(analysis, mesh, hardware, source=options.input, roles=roles, settings=settings,
-                     memory_gib=options.memory, pinned=pins, validate_on_host=options.validate, progress=progress)
+                     memory_gib=options.memory, pinned=pins, validate_on_host=options.validate,
+                     microbatches=options.microbatches, progress=progress)
     if progress is not None:
         progress.finish()
     outputs = []

@@ -46,6 +46,10 @@ from toast.errors import ToastError
 from toast.frontend.ir import TERMINATORS
 from toast.sharding.state import NamePartition, ShardingModel, ShardingState
 
+# Ops between a gradient's matmul and the optimizer that pass it on whole.
+_PASS_THROUGH = frozenset({"stablehlo.reshape", "stablehlo.transpose", "stablehlo.convert", "stablehlo.copy",
+                           "stablehlo.bitcast_convert"})
+
 BREAKDOWN_KEYS = ("compute_bound_s", "memory_bound_s", "launch_overhead_s", "exposed_communication_s",
                   "hidden_communication_s")
 
@@ -109,11 +113,18 @@ class CostModel:
       device_memory: DM, bytes per device (default: the profile's HBM).
       overlap: whether collectives overlap compute (a communication stream); ``False`` serializes them.
       donate: indices of ``@main``'s arguments whose buffers the outputs may reuse (``donate_argnums``).
+      microbatches: micro-batches per step (gradient accumulation): the program is one micro-batch's step;
+        every kernel but the optimizer's runs this many times, the gradients are reduced once, in the last
+        micro-batch, as Megatron-LM and an accumulating JAX loop do.
     """
 
     def __init__(self, model: ShardingModel, hardware: Hardware, *, memory_penalty: float = 10.0,
-                 device_memory: float | None = None, overlap: bool = True, donate: Iterable[int] = ()):
+                 device_memory: float | None = None, overlap: bool = True, donate: Iterable[int] = (),
+                 microbatches: int = 1):
+        if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
+            raise ToastError(f"micro-batches {microbatches!r}: give a whole number, 1 or more")
         self.model = model
+        self.microbatches = microbatches
         self.hardware = hardware
         self.memory_penalty = memory_penalty
         self.device_memory = float(device_memory if device_memory is not None else hardware.hbm_bytes)
@@ -246,7 +257,41 @@ class CostModel:
         self.kernel_position_of_op = np.where(kernel_of_op >= 0, kernel_of_op,
                                               np.minimum(next_kernel, max(kernel_count - 1, 0)))
         self._kernel_class_cache: tuple[NamePartition, tuple[np.ndarray, np.ndarray]] | None = None
+        self._moves = np.asarray([mesh.mask_size(mask) > 1 if mask < 1 << len(mesh.axes) else False
+                                  for mask in range(256)], dtype=bool)
+        self._init_microbatches()
         self.initial = self._absolute(model.initial())
+
+    def _init_microbatches(self) -> None:
+        """What runs once per step however many micro-batches: the optimizer's kernels (those of the
+        parameters' update chains, ``toast.sharding.strategies.update_chains``) and the reduction of the
+        gradients they read (``_update_items``: ``bool[items]``; ``_kernel_runs``: ``float64[kernels]``, runs
+        per step; ``_gradient_value``: ``bool[values]``, a partial result an update reads, directly or through
+        reshapes, transposes and converts)."""
+        program = self.model.analysis.program
+        self._update_items = np.zeros(self.item_count, dtype=bool)
+        self._kernel_runs = np.full(len(self.plan.kernels), float(self.microbatches))
+        self._gradient_value = np.zeros(len(program.values), dtype=bool)
+        if self.microbatches == 1:
+            return
+        from toast.sharding.strategies import update_chains
+
+        update_values = {v for chain in update_chains(self.model.analysis).values() for v in chain.values}
+        update_ops = {program.producer[v] for v in update_values if program.producer[v] >= 0}
+        for op_id in update_ops:
+            kernel = int(self.plan.kernel_of_op[op_id])
+            if kernel >= 0:
+                self._kernel_runs[kernel] = 1.0
+                self._update_items[self.top_of_kernel[kernel]] = True
+            frontier = [v for v in program.ops[op_id].operands if v not in update_values]
+            while frontier:
+                value_id = frontier.pop()
+                if self._gradient_value[value_id]:
+                    continue
+                self._gradient_value[value_id] = True
+                producer = program.producer[value_id]
+                if producer >= 0 and program.ops[producer].kind in _PASS_THROUGH:
+                    frontier.extend(program.ops[producer].operands[:1])
 
     def _producer_item(self, value_id: int) -> int:
         p = self.model.analysis.program.producer[value_id]
@@ -361,52 +406,65 @@ class CostModel:
     def _absolute(self, state: ShardingState, *, collectives: bool = True):
         value_bytes, class_bytes = self.communication.value_and_class_bytes(state)
         seconds, compute_time, memory_time = self.kernel_times(state, value_bytes, class_bytes=class_bytes)
-        repeats = self.repeats
+        # With micro-batches, every kernel but the optimizer's runs once per micro-batch.
+        repeats = self.repeats if self.microbatches == 1 else self.repeats * self._kernel_runs
         compute_bound = compute_time >= memory_time
         busy_compute = float((np.where(compute_bound, compute_time, 0.0) * repeats).sum())
         busy_memory = float((np.where(compute_bound, 0.0, memory_time) * repeats).sum())
         overheads = float((self.overhead * repeats).sum()) + self.hardware.step_overhead
-        item_time = np.bincount(self.top_of_kernel, weights=seconds * repeats, minlength=self.item_count)
+        item_time = np.bincount(self.top_of_kernel, weights=seconds * self.repeats, minlength=self.item_count)
         table = self.communication.table(state, value_bytes)
-        nbytes = np.where(table.kind == ALL_GATHER, table.bytes_out, table.bytes_in).astype(np.float64)
-        durations = self._durations(table.kind, table.axes_mask, nbytes)
-        ops = table.op
+        # Collectives over a single device move nothing (an axis of size 1): XLA emits none.
+        moving = self._moves[table.axes_mask]
+        kind, axes_mask, value, op, operand = (table.kind[moving], table.axes_mask[moving], table.value[moving],
+                                               table.op[moving], table.operand[moving])
+        nbytes = np.where(kind == ALL_GATHER, table.bytes_out[moving], table.bytes_in[moving]).astype(np.float64)
+        durations = self._durations(kind, axes_mask, nbytes)
         # Collectives inside a loop body run there, exposed; the others go on the communication stream, combined
         # as XLA's combiners combine them.
-        in_loop = self.op_in_loop[ops]
-        repeated = durations[in_loop] * self.op_repeats[ops[in_loop]]
-        np.add.at(item_time, self.item_of_op[ops[in_loop]], repeated)  # in order, as a loop adds
+        in_loop = self.op_in_loop[op]
+        repeated = durations[in_loop] * self.op_repeats[op[in_loop]]
+        np.add.at(item_time, self.item_of_op[op[in_loop]], repeated)  # in order, as a loop adds
         in_loops = _sequential_sum(repeated)
+        loop_masks = axes_mask[in_loop]
         streamed = ~in_loop
-        values = table.value[streamed]
-        ops = ops[streamed]
-        is_use = table.operand[streamed] >= 0
+        values, ops, is_use = value[streamed], op[streamed], operand[streamed] >= 0
         # A use: ready when the value is, needed by the op using it. A partial result: ready after its producer,
         # needed by its first reader.
         ready = np.where(is_use, self.ready_item[values], self.item_of_op[ops])
         consumer = np.where(is_use, self.consumer_item_of_op[ops], self.first_reader_of_value[values])
-        kind, masks, sizes, ready, consumer = self._combine(table.kind[streamed], table.axes_mask[streamed],
-                                                            nbytes[streamed], ready, consumer)
-        durations = self._durations(kind, masks, sizes)
-        communication = self._by_label(np.concatenate((table.axes_mask[in_loop], masks)),
-                                       np.concatenate((repeated, durations)), self._axes_label)
-        by_level = self._by_label(np.concatenate((table.axes_mask[in_loop], masks)),
-                                  np.concatenate((repeated, durations)), self._levels_label)
-        compute_busy = float(item_time.sum()) + self.hardware.step_overhead
-        total_comm = _sequential_sum(durations)
-        if not self.overlap:
-            step = compute_busy + total_comm
-            exposed = total_comm
-            late = durations
-        else:
-            makespan, late = self._makespan(item_time, consumer, ready, durations, masks)
-            step = makespan + self.hardware.step_overhead
-            exposed = step - compute_busy
-            if exposed < 1e-12 * max(step, 1.0):  # rounding of the same sums taken in two orders
-                exposed, step = 0.0, compute_busy
-                late = np.zeros(len(durations))
-        exposed_by_axes = self._by_label(np.concatenate((table.axes_mask[in_loop], masks)),
-                                         np.concatenate((repeated, late)), self._axes_label)
+        streams = [self._stream(item_time, kind[streamed], axes_mask[streamed], nbytes[streamed], ready, consumer)]
+        runs = [1.0]
+        if self.microbatches > 1:
+            # The micro-batches before the last: no optimizer, no gradient reduction (gradients accumulate).
+            accumulating = ~(self._gradient_value[values] & ~is_use)
+            mb_time = np.where(self._update_items, 0.0, item_time)
+            streams.append(self._stream(mb_time, kind[streamed][accumulating], axes_mask[streamed][accumulating],
+                                        nbytes[streamed][accumulating], ready[accumulating],
+                                        consumer[accumulating]))
+            runs.append(float(self.microbatches - 1))
+        step = compute_busy = self.hardware.step_overhead
+        total_comm = 0.0
+        # Per label: the loop bodies' collectives (exposed, every micro-batch), then each stream's.
+        label_masks = [loop_masks]
+        label_seconds = [repeated * self.microbatches]
+        label_late = [repeated * self.microbatches]
+        for (makespan, busy, masks, durations, late), times in zip(streams, runs, strict=True):
+            step += times * makespan
+            compute_busy += times * busy
+            total_comm += times * _sequential_sum(durations)
+            label_masks.append(masks)
+            label_seconds.append(times * durations)
+            label_late.append(times * late)
+        exposed = step - compute_busy
+        if exposed < 1e-12 * max(step, 1.0):  # rounding of the same sums taken in two orders
+            exposed, step = 0.0, compute_busy
+            label_late = [late * 0.0 for late in label_late]
+        all_masks = np.concatenate(label_masks)
+        communication = self._by_label(all_masks, np.concatenate(label_seconds), self._axes_label)
+        by_level = self._by_label(all_masks, np.concatenate(label_seconds), self._levels_label)
+        exposed_by_axes = self._by_label(all_masks, np.concatenate(label_late), self._axes_label)
+        in_loops *= self.microbatches
         breakdown = {
             "compute_bound_s": busy_compute,
             "memory_bound_s": busy_memory,
@@ -416,8 +474,23 @@ class CostModel:
         }
         peak = self._peak_memory(table, value_bytes)
         listed = self.communication.to_list(table) if collectives else []
+        launched = len(streams[0][2]) + int(in_loop.sum())
         return (step, compute_busy - in_loops, breakdown, communication, peak, listed,
-                {"by_level": by_level, "exposed_by_axes": exposed_by_axes, "launched": len(kind) + int(in_loop.sum())})
+                {"by_level": by_level, "exposed_by_axes": exposed_by_axes, "launched": launched})
+
+    def _stream(self, item_time: np.ndarray, kind: np.ndarray, axes_mask: np.ndarray, nbytes: np.ndarray,
+                ready: np.ndarray, consumer: np.ndarray,
+                ) -> tuple[float, float, np.ndarray, np.ndarray, np.ndarray]:
+        """One run of the items with the collectives on the communication stream after combining:
+        ``(makespan, compute busy seconds, axes masks, durations, exposed seconds)`` (per combined collective;
+        the step overhead not included). Without overlap the collectives run on the compute stream."""
+        kind, masks, sizes, ready, consumer = self._combine(kind, axes_mask, nbytes, ready, consumer)
+        durations = self._durations(kind, masks, sizes)
+        busy = float(item_time.sum())
+        if not self.overlap:
+            return busy + _sequential_sum(durations), busy, masks, durations, durations
+        makespan, late = self._makespan(item_time, consumer, ready, durations, masks)
+        return makespan, busy, masks, durations, late
 
     @staticmethod
     def _by_label(axes_mask: np.ndarray, seconds: np.ndarray, labels: list[str]) -> dict[str, float]:

@@ -70,7 +70,7 @@ def check_host_validation(mesh: Mesh, *, validate_on_host: bool) -> None:
 
 def compare(analysis, mesh: Mesh, hardware: Hardware, *, source: str, roles: Roles | None,
             settings: SearchSettings, memory_gib: float | None = None,
-            pinned: Mapping[str, Sequence] | None = None, validate_on_host: bool = False,
+            pinned: Mapping[str, Sequence] | None = None, validate_on_host: bool = False, microbatches: int = 1,
             progress: Callable[[RoundResult, int, float], None] | None = None) -> CompareResult:
     """Search a strategy and price every manual strategy that applies under the same model and memory limit.
 
@@ -84,6 +84,7 @@ def compare(analysis, mesh: Mesh, hardware: Hardware, *, source: str, roles: Rol
       memory_gib: memory per device in GiB (default: the profile's HBM).
       pinned: argument name -> PartitionSpec entries toast's search keeps (the manual strategies ignore them).
       validate_on_host: also compile and run every strategy that applies with XLA on host CPU devices.
+      microbatches: micro-batches per step (gradient accumulation), for the search and every strategy.
       progress: the search's progress callback.
 
     Raises:
@@ -92,7 +93,7 @@ def compare(analysis, mesh: Mesh, hardware: Hardware, *, source: str, roles: Rol
     """
     check_host_validation(mesh, validate_on_host=validate_on_host)
     found = find_strategy(analysis, mesh, hardware, source=source, pinned=pinned, settings=settings,
-                          memory_gib=memory_gib, progress=progress)
+                          memory_gib=memory_gib, microbatches=microbatches, progress=progress)
     result = comparison_result(found, compare_manual(found, roles) if roles is not None else [])
     if not validate_on_host:
         return result

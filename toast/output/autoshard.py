@@ -128,7 +128,7 @@ class Found:
 
 def find_strategy(analysis, mesh: Mesh, hardware: Hardware, *, source: str,
                   pinned: Mapping[str, Sequence] | None = None, settings: SearchSettings = DEFAULT_SETTINGS,
-                  memory_gib: float | None = None,
+                  memory_gib: float | None = None, microbatches: int = 1,
                   progress: Callable[[RoundResult, int, float], None] | None = None) -> Found:
     """Search a strategy for an analyzed program (what ``toast autoshard`` and ``autoshard`` run).
 
@@ -140,6 +140,7 @@ def find_strategy(analysis, mesh: Mesh, hardware: Hardware, *, source: str,
       pinned: argument name -> PartitionSpec entries the search keeps.
       settings: the search's budget and seed.
       memory_gib: memory per device in GiB (default: the profile's HBM).
+      microbatches: micro-batches per step, the gradients reduced once (``CostModel``'s gradient accumulation).
       progress: called after every round (see ``toast.search.mcts.search``).
     """
     if memory_gib is not None and memory_gib <= 0:
@@ -148,7 +149,7 @@ def find_strategy(analysis, mesh: Mesh, hardware: Hardware, *, source: str,
     model = ShardingModel(analysis, mesh)
     space = ActionSpace(model, min_names=settings.min_names, mirror_layers=settings.mirror_layers,
                         stored_parameters=settings.stored_parameters, pinned=pinned)
-    costs = CostModel(model, hardware, device_memory=device_memory)
+    costs = CostModel(model, hardware, device_memory=device_memory, microbatches=microbatches)
     costs.prepare(space.partition)
     result = search(space, costs, settings=settings, progress=progress)
     from toast.output.strategy_file import strategy_json
@@ -160,6 +161,7 @@ def find_strategy(analysis, mesh: Mesh, hardware: Hardware, *, source: str,
         "seconds": round(result.seconds, 3),
         "evaluations": result.evaluations,
         "device_memory_bytes": device_memory,
+        "microbatches": microbatches,
         "over_memory": over,
         "pinned": {name: [list(e) if isinstance(e, tuple) else e for e in entries]
                    for name, entries in sorted((pinned or {}).items())},
