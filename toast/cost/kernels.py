@@ -10,8 +10,12 @@ This module builds, once per program, the static plan the cost model prices per 
 - **Library calls.** ``dot_general`` and ``convolution`` (cuBLAS/cuDNN on GPU), ``sort``, ``fft`` and other
   custom calls are kernels of their own.
 - **Loop fusion.** An elementwise-like op (elementwise, ``convert``, ``transpose``, ``slice``,
-  ``concatenate``, ``pad``, ``gather``, ...) fuses into its consumer when that consumer is its only user and
-  is itself fusible: a chain becomes one kernel whose intermediates never exist in memory.
+  ``concatenate``, ``pad``, ``gather``, ...) whose users are all fusible (or reductions, scatters) fuses into
+  all of them: a chain becomes one kernel whose intermediates never exist in memory. When its users land in
+  several kernels, each recomputes it, reading its inputs, only where that moves no more bytes than storing it
+  once and reading it in each (XLA's priority fusion prices the same choice); otherwise one kernel writes it
+  and the others read it. So a value many kernels read, such as the residual stream, is stored, and kernel
+  bytes grow linearly with depth.
 - **Input fusion.** A ``reduce`` ends its kernel: its single-user elementwise producers fuse into it, its
   users start a new kernel. A ``scatter`` likewise takes its update computation.
 - **Cheap producers.** ``broadcast_in_dim``, ``iota`` and constants are recomputed inside every kernel that
@@ -33,6 +37,7 @@ device's compute stream runs them in.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -77,6 +82,11 @@ DATA_MOVEMENT_OPS = frozenset({
 SELECTION_BITS = 32
 # Ops that read only what they return from operand 0.
 TOUCHING_OPS = frozenset({"stablehlo.gather", "stablehlo.slice", "stablehlo.dynamic_slice"})
+# A producer read by several kernels is duplicated into them only if its fusion has at most this many inputs and
+# outputs (XLA's GPU fusions: ``MaxOperandsAndOutputsPerFusion()`` in xla/service/gpu/gpu_fusible.h) and holds at
+# most this many ops (a bound of ours, which keeps building the plan linear in the program).
+MAX_FUSION_OPERANDS_AND_OUTPUTS = 96
+MAX_DUPLICATED_OPS = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,22 +246,73 @@ class KernelPlan:
         root = self._share_select_and_scatter_init(root, users, escapes, materialized_cheap)
         self.root = root
 
-        # Fusion: a fusible op whose result only fusible ops of its scope read is recomputed inside each of
-        # them (XLA fuses a producer into all its consumers, duplicating it): like a cheap producer, it is
-        # never stored. Every other fusible op, reduction, scatter and library call roots a kernel.
+        # Fusion: a fusible op whose results only fusible ops, reductions and scatters of its scope read fuses
+        # into all of them or none (XLA's GPU priority fusion, priority_fusion.cc: ``CanFuseWithAllNonBitcastUsers``).
+        # Fused, it is recomputed in every kernel its readers land in (sibling reductions counted apart) and never
+        # stored. Fusing into one kernel always pays. Into n > 1, each of them reads its inputs (I bytes) in place
+        # of its result (O bytes); storing it instead costs a kernel reading I and writing O, and n reads of O.
+        # XLA fuses when time_unfused - time_fused (GpuPerformanceModel::EstimateRunTimes) is not negative; in
+        # bytes: n·I <= I + O + n·O (the launch term is left out, so that the plan does not depend on sizes).
+        # Producers are decided consumers first, with I the inputs of the producers that may still fuse with it
+        # (an upper bound). XLA's optimized GPT-2 (the reference's HLO) recomputes
+        # x1 = x0 + attention in its three readers (n = 3, I = 2·O: a tie) and stores x2 = x1 + mlp
+        # (``loop_add_fusion``); here the bias's bytes break the tie and every residual is stored, for the
+        # same bytes. Either way no reader re-adds all earlier layers, and kernel bytes are linear in depth.
+        # Every other fusible op, reduction, scatter and library call roots a kernel.
         fuses_into = category.copy()
-        for op in reversed(ops):  # consumers before producers
+        readers_of = [[u for value_id in op.results for u in users[int(root[value_id])]] for op in ops]
+        candidate = np.zeros(len(ops), dtype=bool)  # may fuse into its readers (if duplicating pays)
+        for op in ops:
             if category[op.id] != "fusible" or op.kind == "stablehlo.dynamic_update_slice" or not op.results:
                 continue
-            readers = [u for value_id in op.results for u in users[int(root[value_id])]]
-            if readers and not any(escapes[int(root[v])] for v in op.results) and all(
-                    category[u] in ("fusible", "reduction", "scatter") and scope[u] == scope[op.id] for u in readers
-            ):
-                fuses_into[op.id] = "recomputed"
-            elif op.kind == "stablehlo.dynamic_slice" and readers and not escapes[int(root[op.results[0]])] and all(
+            readers = readers_of[op.id]
+            candidate[op.id] = bool(readers) and not any(escapes[int(root[v])] for v in op.results) and all(
+                category[u] in ("fusible", "reduction", "scatter") and scope[u] == scope[op.id] for u in readers)
+        value_bytes = [math.prod(v.shape) * (8 if v.bits == 1 else v.bits) / 8 for v in program.values]  # pred: a byte
+
+        def duplication_pays(op_id: int, kernels: int) -> bool:
+            """Whether recomputing op ``op_id`` in ``kernels`` kernels moves no more bytes than storing it once.
+            Its inputs are those of the producers that may fuse with it: an upper bound, as they are decided
+            later, and one that stores only replaces its inputs by its result, which is smaller."""
+            budget = (kernels + 1) / (kernels - 1) * sum(value_bytes[v] for v in ops[op_id].results)
+            inputs: dict[int, float] = {}
+            total = 0.0
+            stack, visited = [op_id], {op_id}
+            while stack:
+                q = ops[stack.pop()]
+                for k, value_id in enumerate(q.operands):
+                    r = int(root[value_id])
+                    p = producer[r]
+                    if p >= 0 and r in ops[p].results and (candidate[p] or (
+                            category[p] == "cheap" and not materialized_cheap[p])):
+                        if p not in visited:
+                            visited.add(p)
+                            stack.append(p)
+                        continue
+                    weight = value_bytes[q.results[0]] if q.kind in TOUCHING_OPS and k == 0 else value_bytes[r]
+                    if weight > inputs.get(r, 0.0):
+                        total += weight - inputs.get(r, 0.0)
+                        inputs[r] = weight
+                        if total > budget:
+                            return False
+                if len(inputs) + len(ops[op_id].results) > MAX_FUSION_OPERANDS_AND_OUTPUTS or \
+                        len(visited) > MAX_DUPLICATED_OPS:
+                    return False
+            return True
+
+        landing: list[frozenset[int]] = [frozenset((op.id,)) for op in ops]  # the kernels computing each op
+        for op in reversed(ops):  # consumers before producers
+            if candidate[op.id]:
+                landed = frozenset().union(*(landing[u] for u in readers_of[op.id]))
+                if len(landed) == 1 or duplication_pays(op.id, len(landed)):
+                    fuses_into[op.id] = "recomputed"
+                    landing[op.id] = landed
+            elif op.kind == "stablehlo.dynamic_slice" and category[op.id] == "fusible" and readers_of[op.id] and \
+                    not escapes[int(root[op.results[0]])] and all(
                     category[u] in ("fusible", "reduction", "scatter", "matmul", "library") and scope[u] == scope[op.id]
-                    for u in readers):
+                    for u in readers_of[op.id]):
                 fuses_into[op.id] = "recomputed"  # every reader reads the slice where it lies
+                landing[op.id] = frozenset().union(*(landing[u] for u in readers_of[op.id]))
         # A dynamic_update_slice of a value another kernel makes: that kernel also writes the update into the
         # slice in place (XLA's dynamic-slice fusion for library calls, multi-output fusion for the others),
         # no kernel of its own.
