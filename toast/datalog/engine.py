@@ -90,14 +90,20 @@ def _time_limit(seconds: float, *, what: str) -> Iterator[None]:
         yield
         return
 
+    stopped = False
+
     def expire(_signum: int, _frame: Any) -> None:
-        raise _TimeUp
+        if not stopped:
+            raise _TimeUp
 
     previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    # The alarm repeats every 50 ms: an exception raised where Python swallows it (a garbage-collection
+    # callback, a __del__) would otherwise leave the block running unlimited.
+    signal.setitimer(signal.ITIMER_REAL, seconds, 0.05)
     try:
         yield
     except _TimeUp:
+        stopped = True
         raise EngineError(f"{what} timed out after {seconds:g} s; raise --timeout") from None
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
