@@ -82,6 +82,15 @@ def main() -> None:
             print(f"| {entries[i].id} | {profile} | " + " | ".join(at_sizes(entries[i], ratios)) + f" | {worst:.2f} |")
         for (index, field), value in sorted(fit.parameters.items()):
             print(f"<!-- {profile} interconnect[{index}].{field} = {value:.4g} -->")
+    print("\n## The bundled profiles as written (rounded values)\n")
+    print("| curve | profile | 1 MiB | 16 MiB | 256 MiB | 1 GiB |")
+    print("|---|---|---|---|---|---|")
+    for entry in entries:
+        bundled = load_hardware(entry.profile)
+        if entry.network_bandwidth is not None:
+            bundled = with_level(bundled, 1, bandwidth=entry.network_bandwidth)
+        ratios = predict(entry.curve, bundled) / np.asarray(entry.curve.seconds)
+        print(f"| {entry.id} | {entry.profile} | " + " | ".join(at_sizes(entry, ratios)) + " |")
     print("\n## Leave-one-out (pooled parameters fitted to the other curves)\n")
     print("| left out | profile | 1 MiB | 16 MiB | 256 MiB | 1 GiB |")
     print("|---|---|---|---|---|---|")

@@ -581,8 +581,9 @@ def check_strategy(text: str, directory: Path, sample: Sampler) -> tuple[bool, b
 
 
 def check_hardware(text: str, directory: Path, sample: Sampler) -> tuple[bool, bool]:
-    from toast.cost.hardware import axis_levels, load_hardware
+    from toast.cost.hardware import load_hardware
     from toast.cost.model import CostModel
+    from toast.cost.network import axis_spans
     from toast.output.files import json_text
     from toast.output.strategy_file import read_strategy, strategy_json
 
@@ -591,7 +592,7 @@ def check_hardware(text: str, directory: Path, sample: Sampler) -> tuple[bool, b
 
     def use() -> None:
         hardware = load_hardware(str(path))
-        axis_levels([("batch", 4), ("model", 2)], hardware)
+        axis_spans([("batch", 4), ("model", 2)], hardware)
         for dtype in ("bf16", "f32", "f64", "f16", "f8E4M3FN", "i8", "i32", "complex<f32>"):
             hardware.flops(dtype)
         model, state, actions = mlp_megatron()

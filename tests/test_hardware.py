@@ -8,7 +8,7 @@ import tomllib
 import pytest
 
 from toast import ToastError, known_hardware, load_hardware
-from toast.cost.hardware import axis_levels  # a private unit, tested on purpose
+from toast.cost.network import axis_spans
 from toast.resources import resource_dir
 
 BUNDLED = [
@@ -199,30 +199,30 @@ def test_user_profile_loads_by_path(tmp_path):
     assert (hardware.matmul_efficiency, hardware.f32_matmul, hardware.scatter_rate(16)) == (0.6, "f32", 5e10)
 
 
+def _levels(mesh_axes, hardware):
+    return {axis: span.levels(hardware) for axis, span in axis_spans(mesh_axes, hardware).items()}
+
+
 def test_axis_levels_within_one_nvlink_domain():
-    levels = axis_levels([("batch", 4), ("model", 2)], load_hardware("h100"))
-    assert {axis: level.name for axis, level in levels.items()} == {"batch": "nvlink", "model": "nvlink"}
+    assert _levels([("batch", 4), ("model", 2)], load_hardware("h100")) == {"batch": "nvlink", "model": "nvlink"}
 
 
 def test_axis_levels_across_nodes():
     h100 = load_hardware("h100")
-    levels = axis_levels([("data", 2), ("model", 8)], h100)
-    assert {axis: level.name for axis, level in levels.items()} == {"data": "infiniband", "model": "nvlink"}
+    assert _levels([("data", 2), ("model", 8)], h100) == {"data": "infiniband", "model": "nvlink"}
     # The inner axis decides the stride: model spans 2 * 4 = 8 devices here, data 4 * 1.
-    levels = axis_levels([("model", 2), ("data", 4)], h100)
-    assert {axis: level.name for axis, level in levels.items()} == {"model": "nvlink", "data": "nvlink"}
+    assert _levels([("model", 2), ("data", 4)], h100) == {"model": "nvlink", "data": "nvlink"}
     # An axis of size 1 moves nothing; a mesh beyond the outermost level still maps to it.
-    levels = axis_levels([("pipe", 1), ("data", 4096), ("model", 8)], h100)
-    assert {axis: level.name for axis, level in levels.items()} == {
+    assert _levels([("pipe", 1), ("data", 4096), ("model", 8)], h100) == {
         "pipe": "nvlink", "data": "infiniband", "model": "nvlink"}
 
 
 def test_axis_levels_on_a_tpu_slice():
     v5e = load_hardware("tpu_v5e")
-    levels = axis_levels([("replica", 4), ("data", 16), ("model", 16)], v5e)
-    assert {axis: level.name for axis, level in levels.items()} == {"replica": "dcn", "data": "ici", "model": "ici"}
+    assert _levels([("replica", 4), ("data", 16), ("model", 16)], v5e) == {
+        "replica": "dcn", "data": "ici", "model": "ici"}
 
 
 def test_axis_levels_rejects_bad_sizes():
     with pytest.raises(ToastError, match="mesh axis 'model'"):
-        axis_levels([("model", 0)], load_hardware("h100"))
+        axis_spans([("model", 0)], load_hardware("h100"))

@@ -10,6 +10,7 @@ base profile. ``toast calibrate`` writes the result as a profile.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Sequence
@@ -139,8 +140,6 @@ def read_published(path: str | Path) -> list[PublishedCurve]:
     value its ``column`` names (``busbw GB/s``, ``algbw GB/s`` or ``time us``); nccl-tests' conventions turn
     bus and algorithm bandwidths into times (busbw = algbw x 2(n-1)/n for all-reduce, x (n-1)/n otherwise;
     time = size / algbw)."""
-    import json
-
     path = Path(path)
     try:
         data = json.loads(path.read_text())
@@ -179,7 +178,7 @@ def curve_span(curve: CollectiveCurve, hardware: Hardware) -> GroupSpan:
     """
     per_node = curve.ranks // curve.nodes
     node = hardware.interconnect[0].devices
-    if curve.nodes > 1 and per_node > node:
+    if per_node > node:
         raise ToastError(f"{curve.source}: {per_node} ranks per node, but a node of profile '{hardware.name}' "
                          f"holds {node} devices; start from a profile with that node (--base)")
     stride = node if curve.nodes > 1 else 1

@@ -4,9 +4,8 @@ A profile is a TOML file, ``hardware/<name>.toml`` for the bundled ones (see ``h
 schema). Units are SI throughout: FLOP/s, bytes, bytes/s and seconds. Every number in a bundled profile cites
 its source; ``load_hardware`` checks that every section lists some.
 
-Mesh axes map to interconnect levels the way JAX numbers devices: row-major over the mesh shape, so the last
-axis is innermost (stride 1) and an axis of size ``n`` and stride ``s`` spans ``n * s`` consecutive devices.
-``axis_levels`` gives each axis the innermost level that holds that many devices.
+The first interconnect level is the node; ``toast.cost.network`` finds where each mesh axis's devices lie (in
+a node, across nodes, or both) and prices collectives on that topology.
 """
 
 from __future__ import annotations
@@ -159,27 +158,6 @@ class Hardware:
             if level.devices >= devices:
                 return index
         return len(self.interconnect) - 1
-
-
-def axis_levels(mesh_axes: list[tuple[str, int]], hardware: Hardware) -> dict[str, InterconnectLevel]:
-    """The interconnect level each mesh axis's collectives run over.
-
-    Devices are numbered row-major over the mesh shape, as JAX does, so the last axis is innermost. An axis of
-    size ``n`` whose stride is ``s`` (the product of the sizes after it) spans ``n * s`` devices and maps to
-    ``hardware.level_for(n * s)``; an axis of size 1 moves nothing and maps to the innermost level.
-
-    >>> h100 = load_hardware("h100")
-    >>> {a: l.name for a, l in axis_levels([("data", 2), ("model", 8)], h100).items()}
-    {'data': 'infiniband', 'model': 'nvlink'}
-    """
-    levels: dict[str, InterconnectLevel] = {}
-    stride = 1
-    for name, size in reversed(mesh_axes):
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise ToastError(f"mesh axis '{name}' has size {size!r}; a size must be a positive integer")
-        levels[name] = hardware.level_for(size * stride if size > 1 else 1)
-        stride *= size
-    return {name: levels[name] for name, _ in mesh_axes}
 
 
 def known_hardware() -> list[str]:
