@@ -28,9 +28,24 @@ ELEMENTWISE_KINDS = frozenset(line.split('"')[1] for line in
                               if line.startswith('elementwise_kind("'))
 
 
-def _reduced_dims(op) -> set[tuple[int, int]]:
-    """``(operand, dim)`` pairs an op reduces over, per op kind (the cost model's former Python table)."""
+def _reduced_dims(op, program=None) -> set[tuple[int, int]]:
+    """``(operand, dim)`` pairs an op reduces over, per op kind (the cost model's former Python table, and a
+    scatter that reduces: its indices' batch dims and its updates' scatter dims)."""
     kind = op.kind.removeprefix("stablehlo.")
+    if kind == "scatter" and program is not None:
+        body = [o.kind for o in program.ops if o.parent == (op.id, 0) and o.kind != "stablehlo.return"]
+        if body not in (["stablehlo.add"], ["stablehlo.maximum"], ["stablehlo.minimum"], ["stablehlo.multiply"],
+                        ["stablehlo.and"], ["stablehlo.or"]):
+            return set()
+        numbers = op.attr("scatter_dimension_numbers", {}) or {}
+        count = len(op.results)
+        indices_rank = len(program.values[op.operands[count]].shape)
+        vector_dim = numbers.get("index_vector_dim", indices_rank)
+        found = {(count, d) for d in range(indices_rank) if d != vector_dim}
+        for update in range(count + 1, 2 * count + 1):
+            rank = len(program.values[op.operands[update]].shape)
+            found |= {(update, d) for d in range(rank) if d not in numbers.get("update_window_dims", ())}
+        return found
     if kind == "dot_general":
         numbers = op.attr("dot_dimension_numbers", {}) or {}
         return ({(0, d) for d in numbers.get("lhs_contracting_dimensions", ())}
@@ -53,7 +68,8 @@ def _reduced_dims(op) -> set[tuple[int, int]]:
 
 def _python_summed_dims(analysis) -> frozenset[tuple[int, int, int]]:
     """The per-kind table applied to every op."""
-    return frozenset((op.id, operand, dim) for op in analysis.program.ops for operand, dim in _reduced_dims(op))
+    program = analysis.program
+    return frozenset((op.id, operand, dim) for op in program.ops for operand, dim in _reduced_dims(op, program))
 
 
 def _python_flop_names(analysis) -> dict[int, tuple[int, ...]]:
@@ -98,6 +114,20 @@ def test_the_examples_exercise_every_rule():
     reduces = {op.id for op in zoo.program.ops if op.kind == "stablehlo.reduce"}
     assert {op for op, _, _ in zoo.summed_dims} & reduces
     assert len(zoo.elementwise_ops) > 10
+
+
+@pytest.mark.parametrize("engine", engines())
+def test_a_scatter_add_sums_its_updates_scatter_dims_and_a_scatter_that_sets_none(engine):
+    """An embedding's gradient (scatter-add of [B, S, H] updates at [B, S] indices into [V, H]): B and S of the
+    indices and of the updates are summed (each device's updates combine into a partial table). ``.at[].set``
+    overwrites: nothing to sum."""
+    args = [jax.ShapeDtypeStruct((16, 8), jnp.float32), jax.ShapeDtypeStruct((2, 3), jnp.int32),
+            jax.ShapeDtypeStruct((2, 3, 8), jnp.float32)]
+    added = analyze("add", fn=lambda t, i, u: t.at[i].add(u), args=args, engine=engine)
+    (scatter,) = [op for op in added.program.ops if op.kind == "stablehlo.scatter"]
+    assert added.summed_dims == {(scatter.id, 1, 0), (scatter.id, 1, 1), (scatter.id, 2, 0), (scatter.id, 2, 1)}
+    replaced = analyze("set", fn=lambda t, i, u: t.at[i].set(u), args=args, engine=engine)
+    assert replaced.summed_dims == frozenset()
 
 
 @pytest.mark.parametrize("engine", engines())

@@ -86,6 +86,31 @@ def test_attention_figure_5b_agrees_with_xla():
     assert agreement.matched == 2 and agreement.agreement == 1.0
 
 
+def test_a_batch_split_embedding_gradient_is_one_all_reduce_of_the_table():
+    """An embedding's gradient is a scatter-add of every sequence's updates into the table. With the batch split,
+    XLA's partitioner scatters each device's updates into a whole-table buffer and all-reduces it (the table's
+    bytes); toast prices the same, not an all-gather of every device's updates."""
+    import jax
+    import jax.numpy as jnp
+
+    from toast import analyze
+
+    def embedding_gradient(table, ids, cotangent):
+        return jax.grad(lambda t: jnp.sum(jnp.take(t, ids, axis=0) * cotangent))(table)
+
+    analysis = analyze("embedding", fn=embedding_gradient, args=[
+        jax.ShapeDtypeStruct((1024, 64), jnp.float32), jax.ShapeDtypeStruct((16, 32), jnp.int32),
+        jax.ShapeDtypeStruct((16, 32, 64), jnp.float32)])
+    model = ShardingModel(analysis, parse_mesh("data=8"))
+    batch = analysis.names.def_base[analysis.program.arguments[1]]
+    state = model.apply(model.initial(), Action(int(analysis.color_of[batch]), "data"))
+    agreement = validate(model, state, A100)
+    assert agreement.numerics.match, agreement.numerics
+    assert [(row.kind, row.axes, row.predicted, row.xla, row.matched) for row in agreement.rows] == [
+        ("all-reduce", ("data",), 1, 1, 1)]
+    assert agreement.rows[0].xla_bytes == 1024 * 64 * 4
+
+
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_gpt_step_manual_strategies_agree_with_xla(strategy):
     """The GPT-style step on 8 host devices: numerics match, >= 90% of the collectives within

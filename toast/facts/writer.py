@@ -173,6 +173,10 @@ def _gather(op: Op, program: Program) -> Iterator[tuple[str, tuple]]:
         yield "gather_operand_batch", (op.id, operand_dim, indices_dim)
 
 
+_REDUCING_COMBINERS = frozenset({"stablehlo.add", "stablehlo.maximum", "stablehlo.minimum", "stablehlo.multiply",
+                                 "stablehlo.and", "stablehlo.or"})
+
+
 def _scatter(op: Op, program: Program) -> Iterator[tuple[str, tuple]]:
     numbers = op.attr("scatter_dimension_numbers", {})
     count = len(op.results)
@@ -192,6 +196,12 @@ def _scatter(op: Op, program: Program) -> Iterator[tuple[str, tuple]]:
     for input_dim, indices_dim in zip(numbers.get("input_batching_dims", ()),
                                       numbers.get("scatter_indices_batching_dims", ()), strict=True):
         yield "scatter_input_batch", (op.id, input_dim, indices_dim)
+    # The update computation is the region right after the op (children follow their parent): one combining op
+    # and its return.
+    body = [o.kind for o in program.ops[op.id + 1:op.id + 1 + 8]
+            if o.parent == (op.id, 0) and o.kind not in TERMINATORS]
+    if len(body) == 1 and body[0] in _REDUCING_COMBINERS:
+        yield "scatter_reduces", (op.id,)
 
 
 def reshape_factors(in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> list[tuple[int, int, int, bool]]:
