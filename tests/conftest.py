@@ -55,3 +55,36 @@ def assert_like(new, old) -> None:
     assert jax.tree_util.tree_structure(new) == jax.tree_util.tree_structure(old)
     for new_leaf, old_leaf in zip(jax.tree_util.tree_leaves(new), jax.tree_util.tree_leaves(old), strict=True):
         assert (new_leaf.shape, new_leaf.dtype) == (old_leaf.shape, old_leaf.dtype)
+
+
+ROUND_NUMBERS = """\
+[compute]
+bf16 = 1e12
+f32 = 1e12
+sources = ["round numbers"]
+[memory]
+hbm_bytes = 1e12
+hbm_bandwidth = 1e12
+sources = ["round numbers"]
+[kernels]
+matmul_efficiency = 1.0
+matmul_overhead = 1e-6
+f32_matmul = "f32"
+hbm_efficiency = 1.0
+kernel_overhead = 1e-6
+step_overhead = 1e-5
+scatter_add_rate = 1e9
+scatter_add_rate_16bit = 5e8
+sources = ["round numbers"]
+[compiler]
+combine_threshold = 0
+sources = ["round numbers: nothing combined unless a test says so"]
+"""
+"""The sections of a hand-computed tests' profile before its levels: 1e12 FLOP/s, 1e12 B/s of HBM at 100%, 1 us
+per kernel and per library call, 10 us per step, no combining."""
+
+
+def round_numbers_profile(name: str, levels: str) -> str:
+    """A profile's text: ``name``, ``ROUND_NUMBERS`` and the ``[[interconnect]]`` tables ``levels``."""
+    return f'name = "{name}"\ndescription = "round numbers for hand-computed tests"\n{ROUND_NUMBERS}{levels}'
+

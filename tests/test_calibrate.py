@@ -9,36 +9,14 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from conftest import round_numbers_profile
 
 from toast.cli import main
 from toast.cost.calibration import read_nccl_tests
 from toast.cost.hardware import load_hardware
 from toast.cost.network import collective_seconds, group_span
 
-BASE = """\
-name = "base"
-description = "the profile calibrate starts from"
-[compute]
-bf16 = 1e12
-f32 = 1e12
-sources = ["round numbers"]
-[memory]
-hbm_bytes = 1e12
-hbm_bandwidth = 1e12
-sources = ["round numbers"]
-[kernels]
-matmul_efficiency = 1.0
-matmul_overhead = 1e-6
-f32_matmul = "f32"
-hbm_efficiency = 1.0
-kernel_overhead = 1e-6
-step_overhead = 1e-5
-scatter_add_rate = 1e9
-scatter_add_rate_16bit = 5e8
-sources = ["round numbers"]
-[compiler]
-combine_threshold = 0
-sources = ["round numbers"]
+BASE = round_numbers_profile("base", """\
 # The node: 8 devices on a 100 GB/s fabric.
 [[interconnect]]
 level = "nvlink"
@@ -61,7 +39,7 @@ small_latency = 10e-6
 small_efficiency = 0.9
 switch_reduction = false
 sources = ["a datasheet", "a second one"]
-"""
+""")
 # The cluster the logs come from: level -> fields.
 KNOWN = {0: {"efficiency": 0.7, "latency": 6e-6, "small_efficiency": 0.35, "small_latency": 1.5e-6},
          1: {"efficiency": 0.8, "latency": 50e-6, "small_efficiency": 0.3, "small_latency": 20e-6}}

@@ -16,6 +16,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import pytest
+from conftest import round_numbers_profile
 
 from toast import CostModel, ShardingModel, analyze, parse_mesh
 from toast.cost.calibration import read_published, with_level
@@ -27,30 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PUBLISHED = ROOT.parent / "shared" / "reference" / "published" / "published.json"
 GIB = 1 << 30
 
-TWO_LEVEL = """\
-name = "two_level"
-description = "round numbers for hand-computed collective times"
-[compute]
-bf16 = 1e12
-f32 = 1e12
-sources = ["round numbers"]
-[memory]
-hbm_bytes = 1e12
-hbm_bandwidth = 1e12
-sources = ["round numbers"]
-[kernels]
-matmul_efficiency = 1.0
-matmul_overhead = 1e-6
-f32_matmul = "f32"
-hbm_efficiency = 1.0
-kernel_overhead = 1e-6
-step_overhead = 1e-5
-scatter_add_rate = 1e9
-scatter_add_rate_16bit = 5e8
-sources = ["round numbers"]
-[compiler]
-combine_threshold = 0
-sources = ["round numbers: nothing combined unless a test says so"]
+TWO_LEVEL = round_numbers_profile("two_level", """\
 [[interconnect]]
 level = "nvlink"
 devices = 8
@@ -72,7 +50,7 @@ small_latency = 10e-6
 small_efficiency = 1.0
 switch_reduction = false
 sources = ["round numbers"]
-"""
+""")
 
 
 @pytest.fixture(scope="module")

@@ -13,35 +13,13 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import pytest
+from conftest import round_numbers_profile
 
 from toast import Action, CostModel, ShardingModel, ToastError, analyze, parse_mesh
 from toast.cost.hardware import load_hardware
 from toast.cost.kernels import KernelPlan, kernel_counts
 
-UNIT = """\
-name = "unit"
-description = "round numbers for hand-computed tests"
-[compute]
-bf16 = 1e12
-f32 = 1e12
-sources = ["round numbers"]
-[memory]
-hbm_bytes = 1e12
-hbm_bandwidth = 1e12
-sources = ["round numbers"]
-[kernels]
-matmul_efficiency = 1.0
-matmul_overhead = 1e-6
-f32_matmul = "f32"
-hbm_efficiency = 1.0
-kernel_overhead = 1e-6
-step_overhead = 1e-5
-scatter_add_rate = 1e9
-scatter_add_rate_16bit = 5e8
-sources = ["round numbers"]
-[compiler]
-combine_threshold = 0
-sources = ["round numbers: nothing combined unless a test says so"]
+UNIT = round_numbers_profile("unit", """\
 [[interconnect]]
 level = "nvlink"
 devices = 8
@@ -52,7 +30,7 @@ small_latency = 1e-6
 small_efficiency = 1.0
 switch_reduction = false
 sources = ["round numbers"]
-"""
+""")
 STEP = 1e-5
 KERNEL = 1e-6
 
