@@ -1,162 +1,22 @@
 """Measure the physical numbers the kernel cost model needs on one accelerator (run on a GPU machine).
 
-``python benchmarks/gpu_microbench.py OUT.json [--quick]`` times, with JAX and XLA as toast's programs run:
-
-- matmuls (``jnp.dot``/``einsum``) of several shapes in bf16, and in f32 at XLA's default precision and at
-  ``HIGHEST`` (the rate XLA really gives f32 matmuls);
-- elementwise kernels over large and small arrays (achieved HBM bandwidth, bytes read + written);
-- a row reduction (softmax) over large arrays;
-- a chain of tiny dependent kernels (the fixed cost of one kernel: launch and tail);
-- gathers and scatter-adds of rows (``x[ids]``, ``segment_sum``) with random indices.
-
-Each case: 3 warm-up runs, then the median of 20 timed runs (``block_until_ready``), fresh random inputs.
-The kernels XLA launched for each case are counted from the compiled module's entry computation. Output: a
-JSON file with the device, jax version, date, and one row per case (seconds, FLOPs, bytes, kernels). The
-calibration script ``benchmarks/calibrate_cost.py`` reads it.
+``python benchmarks/gpu_microbench.py OUT.json [--quick]`` runs ``toast.cost.microbench.measure_kernels`` (what
+``toast calibrate --kernels`` runs) and writes its document: the device, jax version, date, and one row per case
+(seconds, FLOPs, bytes, kernels). ``benchmarks/data/h100_microbench.json`` is one such run; the h100 profile's
+measured ``[kernels]`` numbers come from it (``toast.cost.microbench.kernel_numbers``).
 """
 
 from __future__ import annotations
 
-import datetime
 import json
-import statistics
 import sys
-import time
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-
-
-def _median_seconds(fn, args, runs: int = 20) -> float:
-    for _ in range(3):
-        jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def _kernels(compiled_text: str) -> int:
-    """Instructions of the entry computation that launch work (fusions, library calls, copies, loops)."""
-    lines = compiled_text.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("ENTRY"))
-    count = 0
-    for line in lines[start + 1:]:
-        if line.startswith("}"):
-            break
-        body = line.split("=", 1)[-1]
-        if any(f" {k}(" in body for k in ("fusion", "custom-call", "copy", "while", "scatter", "gather",
-                                           "reduce", "sort", "all-reduce", "convolution", "dot")):
-            count += 1
-    return count
+from toast.cost.microbench import measure_kernels
 
 
 def main() -> None:
-    out_path = sys.argv[1]
-    quick = "--quick" in sys.argv
-    key = jax.random.PRNGKey(0)
-    rows: list[dict] = []
-
-    def case(name: str, fn, args, *, flops: float = 0.0, bytes_moved: float = 0.0, **extra) -> None:
-        jitted = jax.jit(fn)
-        compiled = jitted.lower(*args).compile()
-        seconds = _median_seconds(jitted, args, runs=5 if quick else 20)
-        row = {"name": name, "seconds": seconds, "flops": flops, "bytes": bytes_moved,
-               "kernels": _kernels(compiled.as_text()), **extra}
-        rows.append(row)
-        rate = f"{flops / seconds / 1e12:8.1f} TFLOP/s" if flops else f"{bytes_moved / seconds / 1e9:8.1f} GB/s"
-        print(f"{name:48s} {seconds * 1e3:9.4f} ms {rate} kernels={row['kernels']}", flush=True)
-
-    def rand(shape, dtype, k=1):
-        return jax.random.normal(jax.random.fold_in(key, k), shape, dtype=jnp.float32).astype(dtype)
-
-    scale = 8 if quick else 1
-    # Matmuls: (M, K, N) and batched attention-shaped products.
-    shapes = [(8192, 8192, 8192), (4096, 4096, 4096), (8192, 768, 2304), (8192, 768, 3072), (8192, 3072, 768),
-              (8192, 768, 768), (2048, 768, 3072), (1024, 1024, 1024), (512, 512, 512), (256, 256, 256),
-              (128, 128, 128), (8192, 768, 50304), (2048, 2048, 8192)]
-    for dtype, precision, label in ((jnp.bfloat16, None, "bf16"), (jnp.float32, None, "f32_default"),
-                                    (jnp.float32, jax.lax.Precision.HIGHEST, "f32_highest")):
-        for m, k, n in shapes:
-            m, k, n = max(m // scale, 8), max(k // scale, 8), max(n // scale, 8)
-            a, b = rand((m, k), dtype, 1), rand((k, n), dtype, 2)
-            size = jnp.dtype(dtype).itemsize
-            case(f"matmul_{label}_{m}x{k}x{n}", lambda x, y, p=precision: jnp.dot(x, y, precision=p), (a, b),
-                 flops=2.0 * m * k * n, bytes_moved=float(size * (m * k + k * n + m * n)),
-                 kind="matmul", dtype=label, shape=[m, k, n])
-        for bh, s, d in ((96, 1024, 64), (128, 512, 128), (384, 128, 64)):
-            bh = max(bh // scale, 2)
-            q, kk = rand((bh, s, d), dtype, 3), rand((bh, s, d), dtype, 4)
-            size = jnp.dtype(dtype).itemsize
-            case(f"bmm_{label}_{bh}x{s}x{d}x{s}",
-                 lambda x, y, p=precision: jnp.einsum("bqd,bkd->bqk", x, y, precision=p), (q, kk),
-                 flops=2.0 * bh * s * s * d, bytes_moved=float(size * (2 * bh * s * d + bh * s * s)),
-                 kind="matmul", dtype=label, shape=[bh, s, d, s])
-    # Elementwise: y = x * 1.5 + 0.5 (one read, one write); sizes from L2-resident to HBM-sized.
-    for dtype, label in ((jnp.bfloat16, "bf16"), (jnp.float32, "f32")):
-        for exponent in (16, 20, 22, 24, 26, 28):
-            n = 2 ** max(exponent - (3 if quick else 0), 10)
-            x = rand((n,), dtype, 5)
-            size = jnp.dtype(dtype).itemsize
-            case(f"elementwise_{label}_2^{exponent}", lambda v: v * 1.5 + 0.5, (x,), bytes_moved=2.0 * n * size,
-                 kind="elementwise", dtype=label, elements=n)
-        for exponent in (20, 24, 26):
-            n = 2 ** max(exponent - (3 if quick else 0), 10)
-            x, y = rand((n,), dtype, 6), rand((n,), dtype, 7)
-            size = jnp.dtype(dtype).itemsize
-            case(f"elementwise3_{label}_2^{exponent}", lambda u, v: jnp.tanh(u) * v + u, (x, y),
-                 bytes_moved=3.0 * n * size, kind="elementwise", dtype=label, elements=n)
-    # Softmax over rows of attention scores (a reduction kernel and its elementwise neighbours).
-    for b, h, s in ((8, 12, 1024), (2, 12, 1024), (32, 12, 128)):
-        b = max(b // scale, 1)
-        x = rand((b, h, s, s), jnp.bfloat16, 8)
-        case(f"softmax_bf16_{b}x{h}x{s}x{s}", lambda v: jax.nn.softmax(v, axis=-1), (x,),
-             bytes_moved=2.0 * b * h * s * s * 2, kind="softmax", dtype="bf16", elements=b * h * s * s)
-    # Fixed cost per kernel: a chain of dependent tiny matmuls and elementwise ops, none fusable with the next.
-    for chain in (100, 400):
-        w = rand((64, 64), jnp.float32, 9)
-        x = rand((64, 64), jnp.float32, 10)
-
-        def tiny(v, m, steps=chain):
-            for _ in range(steps):
-                v = jnp.tanh(v @ m)
-            return v
-
-        case(f"tiny_chain_{chain}", tiny, (x, w), kind="launch", steps=chain)
-    # Gather and scatter-add of rows with random indices (the GNN's message passing).
-    nodes, edges = (100_000, 1_000_000) if not quick else (10_000, 100_000)
-    for dtype, label in ((jnp.bfloat16, "bf16"), (jnp.float32, "f32")):
-        for features in (128, 256):
-            size = jnp.dtype(dtype).itemsize
-            table = rand((nodes, features), dtype, 11)
-            ids = jax.random.randint(jax.random.fold_in(key, 12), (edges,), 0, nodes)
-            case(f"gather_{label}_{edges}x{features}", lambda t, i: t[i], (table, ids),
-                 bytes_moved=float(2 * edges * features * size + 4 * edges), kind="gather", dtype=label,
-                 rows=edges, features=features)
-            data = rand((edges, features), dtype, 13)
-            case(f"scatter_add_{label}_{edges}x{features}",
-                 lambda d, i: jax.ops.segment_sum(d, i, num_segments=nodes), (data, ids),
-                 bytes_moved=float(edges * features * size + 4 * edges + nodes * features * size),
-                 kind="scatter_add", dtype=label, rows=edges, features=features)
-            sorted_ids = jnp.sort(ids)
-            case(f"scatter_add_sorted_{label}_{edges}x{features}",
-                 lambda d, i: jax.ops.segment_sum(d, i, num_segments=nodes, indices_are_sorted=True),
-                 (data, sorted_ids), bytes_moved=float(edges * features * size + 4 * edges + nodes * features * size),
-                 kind="scatter_add_sorted", dtype=label, rows=edges, features=features)
-    device = jax.devices()[0]
-    result = {
-        "device": getattr(device, "device_kind", str(device)),
-        "platform": device.platform,
-        "jax": jax.__version__,
-        "date": datetime.date.today().isoformat(),
-        "how": "median of 20 timed runs after 3 warm-ups, block_until_ready, host clock; random inputs",
-        "numpy": np.__version__,
-        "cases": rows,
-    }
-    with open(out_path, "w") as f:
+    result = measure_kernels(quick="--quick" in sys.argv[2:])
+    with open(sys.argv[1], "w") as f:
         json.dump(result, f, indent=1)
 
 

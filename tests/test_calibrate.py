@@ -7,6 +7,7 @@ must give those parameters back (``KNOWN``); the base profile starts elsewhere.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 from conftest import round_numbers_profile
@@ -144,3 +145,33 @@ def test_calibrate_needs_a_toml_output_and_ranks_that_fit_the_node(tmp_path, bas
     assert "a profile is a .toml file" in capsys.readouterr().err
     assert main(["calibrate", "--nccl-tests", str(log), "--base", str(base_path), "-o", str(tmp_path / "x.toml")]) == 2
     assert "16 ranks per node, but a node of profile 'base' holds 8 devices" in capsys.readouterr().err
+
+
+def test_kernel_numbers_from_a_saved_microbenchmark_run(tmp_path, capsys):
+    """The H100's microbenchmarks (benchmarks/data/h100_microbench.json) give back the [kernels] numbers an
+    earlier session worked out from them by hand (the h100 profile's [M1] comments: 0.70 of the bf16 peak for an
+    8192^3 matmul, 0.79 of HBM for a 2^28-element f32 kernel, 1.7 us per kernel from the 100- and 400-kernel
+    chains, 74 us for a one-kernel program, 2.06e11 and 1.02e11 atomic updates per second); every other number
+    of the base stays."""
+    out = tmp_path / "measured.toml"
+    saved = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "h100_microbench.json"
+    assert main(["calibrate", "--kernels-from", str(saved), "--base", "h100", "-o", str(out)]) == 0
+    assert "kernels measured on NVIDIA H100 80GB HBM3" in capsys.readouterr().out
+    measured = load_hardware(str(out))
+    by_hand = {"matmul_efficiency": 0.70, "hbm_efficiency": 0.79, "kernel_overhead": 1.7e-6, "step_overhead": 74e-6,
+               "scatter_add_rate": 2.06e11, "scatter_add_rate_16bit": 1.02e11}
+    for field, value in by_hand.items():
+        assert getattr(measured, field) == pytest.approx(value, rel=0.05), field
+    h100 = load_hardware("h100")
+    assert (measured.matmul_overhead, measured.f32_matmul, measured.interconnect) == (
+        h100.matmul_overhead, h100.f32_matmul, h100.interconnect)
+
+
+def test_calibrate_needs_measurements_and_an_accelerator_for_kernels(tmp_path, capsys):
+    out = tmp_path / "x.toml"
+    assert main(["calibrate", "--base", "h100", "-o", str(out)]) == 2
+    assert "calibrate needs measurements: --nccl-tests LOG..., --kernels or --kernels-from JSON" in \
+        capsys.readouterr().err
+    assert main(["calibrate", "--kernels", "--base", "h100", "-o", str(out)]) == 2  # jax sees the CPU only here
+    assert "jax sees none here" in capsys.readouterr().err and not out.exists()
+

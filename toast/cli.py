@@ -134,9 +134,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                               "starts one for this run")
     calibrate_parser = commands.add_parser("calibrate", help="fit a profile's collective parameters to your "
                                            "cluster's nccl-tests outputs and write it as a new profile")
-    calibrate_parser.add_argument("--nccl-tests", nargs="+", required=True, metavar="LOG",
+    calibrate_parser.add_argument("--nccl-tests", nargs="+", default=[], metavar="LOG",
                                   help="outputs of all_reduce_perf, all_gather_perf, reduce_scatter_perf or "
                                   "alltoall_perf (with their '#  Rank' header lines), on one node or several")
+    kernels = calibrate_parser.add_mutually_exclusive_group()
+    kernels.add_argument("--kernels", action="store_true", help="run the kernel microbenchmarks on this machine's "
+                         "accelerator (a few minutes) and measure the [kernels] numbers")
+    kernels.add_argument("--kernels-from", metavar="JSON", help="the [kernels] numbers from a microbenchmark run "
+                         "saved before (benchmarks/gpu_microbench.py OUT.json)")
     calibrate_parser.add_argument("--base", default="h100", help="the profile to start from: its bandwidths, node "
                                   "size and kernel numbers are kept (hardware/NAME.toml or a TOML path)")
     calibrate_parser.add_argument("-o", "--output", required=True, metavar="FILE",
@@ -164,6 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _calibrate(options: argparse.Namespace) -> int:
     import datetime
+    import json
 
     from toast.cost.calibration import fit_collectives, read_nccl_tests
     from toast.cost.hardware import load_hardware
@@ -174,22 +180,56 @@ def _calibrate(options: argparse.Namespace) -> int:
     output = Path(options.output)
     if output.suffix != ".toml":
         raise ToastError(f"-o {options.output}: a profile is a .toml file")
+    if not options.nccl_tests and not options.kernels and not options.kernels_from:
+        raise ToastError("calibrate needs measurements: --nccl-tests LOG..., --kernels or --kernels-from JSON")
     check_output(output, option="-o")
     base = load_hardware(options.base)
     curves = [read_nccl_tests(path) for path in options.nccl_tests]
-    print(f"fitting profile '{base.name}' to {len(curves)} nccl-tests output{'s' if len(curves) > 1 else ''}")
-    fit = fit_collectives(curves, [base] * len(curves))
-    for curve, ratios in zip(curves, fit.ratios, strict=True):
-        print(f"{curve.source}: {curve.kind}, {curve.ranks} ranks on {curve.nodes} node{'s' * (curve.nodes > 1)}")
-        print(f"  {'bytes':>12} {'measured':>10} {'model':>10} {'model/measured':>14}")
-        for size, seconds, ratio in zip(curve.sizes, curve.seconds, ratios.tolist(), strict=True):
-            print(f"  {size:>12} {human_seconds(seconds):>10} {human_seconds(seconds * ratio):>10} {ratio:>14.2f}")
-    for (level, field), value in sorted(fit.parameters.items()):
-        print(f"interconnect[{level}] ({base.interconnect[level].name}).{field} = {value:.4g} "
-              f"(was {getattr(base.interconnect[level], field):.4g})")
-    names = ", ".join(Path(path).name for path in options.nccl_tests)
-    source = f"C1: toast calibrate on {names} ({datetime.date.today().isoformat()})"
-    text = calibrated_profile_text(base, fit.parameters, name=output.stem, source=source)
+    document = None
+    if options.kernels_from:
+        try:
+            document = json.loads(Path(options.kernels_from).read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as error:
+            raise ToastError(f"{options.kernels_from}: not a microbenchmark document ({error.__class__.__name__})") \
+                from None
+    elif options.kernels:
+        import jax
+
+        platform = jax.devices()[0].platform
+        if platform == "cpu":
+            raise ToastError("--kernels measures this machine's accelerator, and jax sees none here (only the CPU); "
+                             "run it where the GPU is, or give --kernels-from JSON")
+        from toast.cost.microbench import measure_kernels
+
+        document = measure_kernels(progress=lambda line: print(line, file=sys.stderr, flush=True))
+    parameters: dict = {}
+    if curves:
+        print(f"fitting profile '{base.name}' to {len(curves)} nccl-tests output{'s' if len(curves) > 1 else ''}")
+        fit = fit_collectives(curves, [base] * len(curves))
+        parameters = fit.parameters
+        for curve, ratios in zip(curves, fit.ratios, strict=True):
+            print(f"{curve.source}: {curve.kind}, {curve.ranks} ranks on {curve.nodes} node{'s' * (curve.nodes > 1)}")
+            print(f"  {'bytes':>12} {'measured':>10} {'model':>10} {'model/measured':>14}")
+            for size, seconds, ratio in zip(curve.sizes, curve.seconds, ratios.tolist(), strict=True):
+                print(f"  {size:>12} {human_seconds(seconds):>10} {human_seconds(seconds * ratio):>10} "
+                      f"{ratio:>14.2f}")
+        for (level, field), value in sorted(parameters.items()):
+            print(f"interconnect[{level}] ({base.interconnect[level].name}).{field} = {value:.4g} "
+                  f"(was {getattr(base.interconnect[level], field):.4g})")
+    kernel_fields: dict[str, float] = {}
+    if document is not None:
+        from toast.cost.microbench import kernel_numbers
+
+        kernel_fields = kernel_numbers(document, base)
+        print(f"kernels measured on {document.get('device', 'an unnamed device')} ({document.get('date', 'no date')}):")
+        for field, value in kernel_fields.items():
+            print(f"  kernels.{field} = {value:.4g} (was {getattr(base, field):.4g})")
+    measured = [Path(path).name for path in [*options.nccl_tests, *([options.kernels_from] if options.kernels_from
+                                                                     else [])]]
+    if options.kernels:
+        measured.append("the kernel microbenchmarks")
+    source = f"C1: toast calibrate on {', '.join(measured)} ({datetime.date.today().isoformat()})"
+    text = calibrated_profile_text(base, parameters, name=output.stem, source=source, kernels=kernel_fields)
     write_outputs([Output("-o", output, text)])
     print(f"wrote {output}")
     return 0

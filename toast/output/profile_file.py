@@ -18,14 +18,16 @@ _KEY = re.compile(r"^(\s*)([A-Za-z_][A-Za-z0-9_]*)\s*=")
 
 
 def calibrated_profile_text(base: Hardware, parameters: dict[tuple[int, str], float], *, name: str,
-                            source: str) -> str:
-    """The text of ``base``'s profile file with ``{(level index, field): value}`` written into its levels.
+                            source: str, kernels: dict[str, float] | None = None) -> str:
+    """The text of ``base``'s profile file with ``{(level index, field): value}`` written into its levels and
+    ``kernels`` into its ``[kernels]`` table.
 
     Args:
       base: the profile the fit started from (its file is read again).
-      parameters: the fitted values.
+      parameters: the fitted collective values.
       name: the new profile's ``name``.
-      source: the ``sources`` entry added to each fitted level, e.g. ``"C1: toast calibrate on ... (date)"``.
+      source: the ``sources`` entry added to each changed table, e.g. ``"C1: toast calibrate on ... (date)"``.
+      kernels: measured ``[kernels]`` numbers (``toast.cost.microbench.kernel_numbers``), if any.
 
     Raises:
       ToastError: the base file cannot be read, or the text written does not load back as the fitted profile.
@@ -34,6 +36,7 @@ def calibrated_profile_text(base: Hardware, parameters: dict[tuple[int, str], fl
         lines = open(base.path, encoding="utf-8").read().split("\n")
     except (OSError, UnicodeDecodeError) as error:
         raise ToastError(f"{base.path}: cannot read the base profile ({error.__class__.__name__})") from None
+    kernels = kernels or {}
     fitted_levels = {index for index, _ in parameters}
     out: list[str] = []
     level = -1
@@ -51,10 +54,12 @@ def calibrated_profile_text(base: Hardware, parameters: dict[tuple[int, str], fl
         if key and not table:
             if key.group(2) == "name":
                 line, named = f"name = {json.dumps(name)}", True
-        elif key and table == "[[interconnect]]" and level in fitted_levels:
+        elif key and (table == "[[interconnect]]" and level in fitted_levels or table == "[kernels]" and kernels):
             field = key.group(2)
-            if (level, field) in parameters:
-                line = f"{field} = {parameters[level, field]:.4g}".ljust(26) + "# fitted by toast calibrate [C1]"
+            if table == "[kernels]" and field in kernels:
+                line = _commented(f"{field} = {kernels[field]:.4g}", 31, "measured by toast calibrate --kernels [C1]")
+            elif table == "[[interconnect]]" and (level, field) in parameters:
+                line = _commented(f"{field} = {parameters[level, field]:.4g}", 26, "fitted by toast calibrate [C1]")
             elif field == "sources":
                 # The whole list, however it is laid out, read back with TOML and written one entry a line.
                 end = index
@@ -72,8 +77,17 @@ def calibrated_profile_text(base: Hardware, parameters: dict[tuple[int, str], fl
         out.insert(0, f"name = {json.dumps(name)}")
     text = "\n".join(out)
     written = hardware_from_text(text, f"{name}.toml")
-    for (level_index, field), value in parameters.items():
-        if f"{getattr(written.interconnect[level_index], field):.4g}" != f"{value:.4g}":
-            raise ToastError(f"{base.path}: could not write interconnect[{level_index}].{field} into a copy of the "
-                             f"profile; write it by hand: {value:.4g}")
+    checks = [(f"interconnect[{index}].{field}", getattr(written.interconnect[index], field), value)
+              for (index, field), value in parameters.items()]
+    checks += [(f"kernels.{field}", getattr(written, field), value) for field, value in kernels.items()]
+    for where, found, value in checks:
+        if f"{found:.4g}" != f"{value:.4g}":
+            raise ToastError(f"{base.path}: could not write {where} into a copy of the profile; write it by hand: "
+                             f"{value:.4g}")
     return text
+
+
+def _commented(assignment: str, column: int, comment: str) -> str:
+    """``assignment`` with ``# comment`` from ``column`` on, or one space after it when it is longer."""
+    return f"{assignment.ljust(column - 1)} # {comment}"
+
