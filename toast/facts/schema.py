@@ -122,9 +122,9 @@ INPUTS: tuple[Relation, ...] = (
          "scatter Op: scatter-indices dim IndicesDim pairs with update scatter dim UpdateDim."),
     _rel("scatter_input_batch", "Op:number, InputDim:number, IndicesDim:number",
          "scatter Op: explicit batching dim InputDim of the inputs pairs with indices dim IndicesDim."),
-    _rel("scatter_reduces", "Op:number",
-         "scatter Op combines each update into the input with an associative, commutative op (add, max, min, "
-         "multiply, and, or: a scatter-add), so updates split across devices combine as partial results."),
+    _rel("scatter_combiner", "Op:number, Kind:symbol",
+         "scatter Op's update computation is one op of kind Kind applied to the input and the update "
+         "(stablehlo.add for a scatter-add)."),
     _rel("sharding_group", "Op:number, Group:number",
          "sdy.sharding_group Op tags its operand with group_id Group: all values of one group are "
          "sharded alike."),

@@ -173,10 +173,6 @@ def _gather(op: Op, program: Program) -> Iterator[tuple[str, tuple]]:
         yield "gather_operand_batch", (op.id, operand_dim, indices_dim)
 
 
-_REDUCING_COMBINERS = frozenset({"stablehlo.add", "stablehlo.maximum", "stablehlo.minimum", "stablehlo.multiply",
-                                 "stablehlo.and", "stablehlo.or"})
-
-
 def _scatter(op: Op, program: Program) -> Iterator[tuple[str, tuple]]:
     numbers = op.attr("scatter_dimension_numbers", {})
     count = len(op.results)
@@ -200,8 +196,8 @@ def _scatter(op: Op, program: Program) -> Iterator[tuple[str, tuple]]:
     # and its return.
     body = [o.kind for o in program.ops[op.id + 1:op.id + 1 + 8]
             if o.parent == (op.id, 0) and o.kind not in TERMINATORS]
-    if len(body) == 1 and body[0] in _REDUCING_COMBINERS:
-        yield "scatter_reduces", (op.id,)
+    if len(body) == 1:
+        yield "scatter_combiner", (op.id, body[0])
 
 
 def reshape_factors(in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> list[tuple[int, int, int, bool]]:
