@@ -41,7 +41,7 @@ import numpy as np
 from toast.cost.collectives import ALL_GATHER, ALL_TO_ALL, KINDS, Collective, CollectiveTable, CommunicationModel
 from toast.cost.hardware import Hardware
 from toast.cost.kernels import BRANCH_OPS, LOOP_OPS, KernelPlan
-from toast.cost.network import Algorithm, GroupSpan, algorithms, axis_spans, collective_seconds, mesh_group_span
+from toast.cost.network import Algorithm, algorithms, collective_seconds, mesh_group_span
 from toast.errors import ToastError
 from toast.frontend.ir import TERMINATORS
 from toast.sharding.state import NamePartition, ShardingModel, ShardingState
@@ -131,7 +131,6 @@ class CostModel:
         self.overlap = overlap
         self.communication = CommunicationModel(model)
         mesh = model.mesh
-        self.spans: dict[str, GroupSpan] = axis_spans(list(mesh.axes), hardware)
         # Every axes mask's span, and per (kind, mask) its algorithms as affine candidates (latency, seconds per
         # byte), padded with (inf, 0); masks of at most one device move nothing (one candidate of 0 s).
         self._mask_spans = [mesh_group_span(list(mesh.axes), mesh.mask_axes(mask), hardware)
@@ -257,8 +256,7 @@ class CostModel:
         self.kernel_position_of_op = np.where(kernel_of_op >= 0, kernel_of_op,
                                               np.minimum(next_kernel, max(kernel_count - 1, 0)))
         self._kernel_class_cache: tuple[NamePartition, tuple[np.ndarray, np.ndarray]] | None = None
-        self._moves = np.asarray([mesh.mask_size(mask) > 1 if mask < 1 << len(mesh.axes) else False
-                                  for mask in range(256)], dtype=bool)
+        self._moves = np.asarray([span is not None and span.devices > 1 for span in self._mask_spans], dtype=bool)
         self._init_microbatches()
         self.initial = self._absolute(model.initial())
 
