@@ -147,13 +147,9 @@ class Hardware:
             return peak["f32"] / 2
         return peak["f32"]
 
-    def level_for(self, devices: int) -> InterconnectLevel:
-        """The innermost level that joins at least ``devices`` devices; the outermost level when none does
-        (a cluster grows by adding devices on its outermost network)."""
-        return self.interconnect[self.level_index(devices)]
-
     def level_index(self, devices: int) -> int:
-        """The index in ``interconnect`` of ``level_for(devices)``."""
+        """The index in ``interconnect`` of the innermost level that joins at least ``devices`` devices; the
+        outermost level when none does (a cluster grows by adding devices on its outermost network)."""
         for index, level in enumerate(self.interconnect):
             if level.devices >= devices:
                 return index
