@@ -21,13 +21,15 @@ from toast.cli import main
 from toast.examples.attention import attention
 from toast.examples.gpt import gpt_train_step
 from toast.examples.mlp import mlp
-from toast.output.autoshard import find_strategy
-from toast.search import ActionSpace, SearchSettings, argument_groups, parse_pins
+from toast.output.autoshard import compare_manual, find_strategy
+from toast.search import ActionSpace, SearchSettings, argument_groups, parse_pins, search
+from toast.search.exhaustive import enumerate_states
 from toast.xla.validate import validate
 
 A100 = load_hardware("a100_80gb")
 MiB = 2 ** 20
 GPT = "toast.examples.gpt:gpt_small"
+MLP = "toast.examples.mlp:mlp"
 FAST = SearchSettings(rollouts=300, workers=1)
 
 
@@ -223,14 +225,33 @@ def test_polish_undoes_an_action_that_holds_the_axis_the_batch_needs():
             assert costs.evaluate(space.state(following), collectives=False).relative >= polished
 
 
-def test_same_seed_same_strategy_on_one_and_two_workers():
+def test_same_seed_same_strategy_on_one_two_and_three_workers():
     analysis = analysis_of(GPT)
     strategies = []
-    for workers in (1, 2):
-        settings = SearchSettings(seed=7, rollouts=96, rollouts_per_round=48, workers=workers)
+    for workers in (1, 2, 3):
+        settings = SearchSettings(seed=7, rollouts=96, lanes=4, patience=10, workers=workers)
         found = _found(analysis, "batch=2,model=4", settings=settings)
         strategies.append((found.document["state"]["masks"], found.result.rollouts))
-    assert strategies[0] == strategies[1]
+    assert strategies[0] == strategies[1] == strategies[2]
+
+
+def test_the_rollout_budget_is_spent_unless_the_space_is_exhausted():
+    """``rollouts=N`` runs N rollouts on a space bigger than N states, however little the lanes improve
+    (``patience`` restarts them instead of stopping); on the MLP's 9 states the search stops once it has
+    scored all of them, with the best."""
+    analysis = analysis_of(GPT)
+    found = _found(analysis, "batch=2,model=4", settings=SearchSettings(rollouts=300, patience=5, workers=1))
+    assert found.result.rollouts == 300
+    mlp_analysis = analysis_of(MLP)
+    model = ShardingModel(mlp_analysis, parse_mesh("batch=4,model=2"))
+    space = ActionSpace(model)
+    costs = toast.CostModel(model, load_hardware("h100"))
+    result = search(space, costs, settings=SearchSettings(rollouts=2000, workers=1, polish=False))
+    states = enumerate_states(space, costs)
+    assert len(states) == 9 and 9 <= result.rollouts < 2000
+    best = states.optimum(costs.device_memory)
+    assert best is not None
+    assert result.cost.step_time_s == pytest.approx(float(states.step_time_s[best]))
 
 
 def test_pins_are_kept():
@@ -340,12 +361,59 @@ def test_autoshard_over_memory_is_flagged(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 3
     assert "no strategy found fits" in err and "Traceback" not in err
-    assert json.loads(out.read_text())["search"]["over_memory"] is True
+    # 0.000001 GiB is 1073 bytes; the MLP's unsharded peak split over 8 devices is more: nothing can fit.
+    assert "no sharding over 8 devices can fit" in err
+    document = json.loads(out.read_text())
+    assert document["search"]["over_memory"] is True and document["search"]["floor_bytes"] > 1073
+
+
+def test_patience_and_restarts_options_reach_the_search(tmp_path):
+    out = tmp_path / "mlp.json"
+    code = main(["autoshard", "toast.examples.mlp:mlp", "--mesh", "batch=4,model=2", "--engine", "embedded",
+                 "--rollouts", "40", "--patience", "7", "--restarts", "2", "--workers", "1", "-o", str(out)])
+    assert code == 0
+    recorded = json.loads(out.read_text())["search"]["settings"]
+    assert (recorded["patience"], recorded["restarts"], recorded["rollouts"]) == (7, 2, 40)
+
+
+def test_memory_is_a_constraint_the_result_honours():
+    """The attention at batch=4,model=2 has 25 states (enumerated and costed independently of the search).
+    Under a limit halfway between the smallest peak of any state and the peak of the fastest, the fastest does
+    not fit; the search returns the fastest state that does, however much faster an over-limit state is."""
+    model = ShardingModel(analysis_of("toast.examples.attention:attention"), parse_mesh("batch=4,model=2"))
+    space = ActionSpace(model)
+    states = enumerate_states(space, toast.CostModel(model, A100))
+    fastest = states.optimum(float(A100.hbm_bytes))
+    assert fastest is not None
+    limit = (float(states.peak_bytes.min()) + float(states.peak_bytes[fastest])) / 2
+    best = states.optimum(limit)
+    assert best is not None and states.step_time_s[best] > states.step_time_s[fastest]
+    costs = toast.CostModel(model, A100, device_memory=limit)
+    result = search(space, costs, settings=SearchSettings(rollouts=100, workers=1))
+    assert result.cost.peak_bytes <= limit
+    assert result.cost.step_time_s == pytest.approx(float(states.step_time_s[best]))
+
+
+def test_a_manual_strategy_that_beats_the_search_is_returned(big_mlp):
+    """With one rollout and no polish the search cannot find batch + Megatron; with the roles, the manual
+    strategies are candidates and the best of them (priced by ``compare_manual``) is what comes back."""
+    roles = toast.roles_for_input(MLP)
+    settings = SearchSettings(rollouts=1, lanes=1, polish=False, workers=1)
+    mesh = parse_mesh("batch=4,model=2")
+    alone = find_strategy(big_mlp, mesh, A100, source="test", settings=settings)
+    found = find_strategy(big_mlp, mesh, A100, source="test", settings=settings, roles=roles)
+    manual = [row for row in compare_manual(found, roles) if row.cost is not None and not row.over_memory]
+    fastest = min(manual, key=lambda row: row.cost.step_time_s)
+    assert fastest.cost.step_time_s < alone.result.cost.step_time_s
+    assert found.origin == fastest.name and found.document["search"]["origin"] == fastest.name
+    assert found.result.cost.step_time_s == fastest.cost.step_time_s and found.result.actions == ()
 
 
 @pytest.mark.parametrize("extra, message", [
     (["--budget", "0"], "--budget 0: give a positive number of seconds"),
     (["--rollouts", "0"], "--rollouts 0: give a positive number of rollouts"),
+    (["--patience", "0"], "--patience 0: give 1 or more rollouts"),
+    (["--restarts", "-1"], "--restarts -1: give 0 or more"),
     (["--memory", "-1"], "--memory -1: give the memory per device in GiB"),
     (["--pin", "x=nope,"], "nope"),
     (["--pin", "x"], "expected NAME=AXES"),

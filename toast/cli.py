@@ -481,8 +481,13 @@ def _add_search_options(parser: argparse.ArgumentParser) -> None:
                                   "(default: the profile's HBM)")
     budget = parser.add_mutually_exclusive_group()
     budget.add_argument("--budget", type=float, metavar="SECONDS", help="stop searching after SECONDS")
-    budget.add_argument("--rollouts", type=int, metavar="N", help="stop after N rollouts (default 2000)")
+    budget.add_argument("--rollouts", type=int, metavar="N", help="run N rollouts, fewer only when every state "
+                        "has been scored (default 2000)")
     parser.add_argument("--seed", type=int, default=0, help="search seed (same seed, same strategy)")
+    parser.add_argument("--patience", type=int, metavar="N", help="rollouts without a better state before a tree "
+                        "restarts below its best state (default: SearchSettings.patience)")
+    parser.add_argument("--restarts", type=int, metavar="N", help="restarts per tree before it stops early "
+                        "(default: no limit, the budget is spent)")
     _add_microbatches_option(parser)
     parser.add_argument("--workers", type=int, default=0, metavar="N", help="worker processes (default: "
                                   "one per core; the result does not depend on it)")
@@ -518,6 +523,10 @@ def _autoshard_plan(options: argparse.Namespace):
         raise ToastError(f"--memory {options.memory:g}: give the memory per device in GiB, more than 0")
     if options.workers < 0:
         raise ToastError(f"--workers {options.workers}: give 0 (one per core) or more")
+    if options.patience is not None and options.patience < 1:
+        raise ToastError(f"--patience {options.patience}: give 1 or more rollouts")
+    if options.restarts is not None and options.restarts < 0:
+        raise ToastError(f"--restarts {options.restarts}: give 0 or more")
     if options.microbatches < 1:
         raise ToastError(f"--microbatches {options.microbatches}: give 1 or more micro-batches per step")
     pins: dict[str, tuple] = {}
@@ -538,7 +547,8 @@ def _autoshard_plan(options: argparse.Namespace):
         phases.append(Phase(axes, goal))
     rollouts = options.rollouts if options.rollouts is not None else (None if options.budget is not None else 2000)
     settings = SearchSettings(seed=options.seed, rollouts=rollouts, seconds=options.budget, workers=options.workers,
-                              phases=tuple(phases) or (Phase(),))
+                              restarts=options.restarts, phases=tuple(phases) or (Phase(),),
+                              **({} if options.patience is None else {"patience": options.patience}))
     return mesh, hardware, settings, pins
 
 
@@ -549,15 +559,16 @@ def _autoshard(options: argparse.Namespace, analysis, mesh, hardware, settings, 
     from toast.output.report import human_bytes, human_seconds
     from toast.sharding.roles import roles_for_input
 
-    progress = _Progress(sys.stderr) if sys.stderr.isatty() else None
-    found = find_strategy(analysis, mesh, hardware, source=options.input, pinned=pins, settings=settings,
-                          memory_gib=options.memory, microbatches=options.microbatches, progress=progress)
-    if progress is not None:
-        progress.finish()
     try:
         roles = roles_for_input(options.input, roles_path=options.roles)
     except ToastError:
         roles = None
+    progress = _Progress(sys.stderr) if sys.stderr.isatty() else None
+    found = find_strategy(analysis, mesh, hardware, source=options.input, pinned=pins, settings=settings,
+                          memory_gib=options.memory, microbatches=options.microbatches, roles=roles,
+                          progress=progress)
+    if progress is not None:
+        progress.finish()
     manual = compare_manual(found, roles) if roles is not None else []
     outputs = []
     if options.output:
@@ -580,6 +591,8 @@ def _autoshard(options: argparse.Namespace, analysis, mesh, hardware, settings, 
           f"{len(found.space)} ({len(found.space.classes)} color classes), {result.rollouts} rollouts in "
           f"{len(result.rounds)} rounds, {result.evaluations} states costed, {result.seconds:.1f} s, seed "
           f"{settings.seed}")
+    if found.origin != "search":
+        print(f"  the manual strategy {found.origin} beats what the search found: toast's strategy is {found.origin}")
     for tensor in found.document["arguments"]:
         if any(entry is not None for entry in tensor["partition_spec"]):
             print(f"  {tensor['name']}: {tensor['partition_spec']}")
@@ -595,7 +608,8 @@ def _autoshard(options: argparse.Namespace, analysis, mesh, hardware, settings, 
                   f"{'yes' if over else 'no'} | {cost.relative:.3f} |")
     if found.over_memory:
         print(f"toast: error: no strategy found fits {human_bytes(found.device_memory)} per device (best: "
-              f"{human_bytes(result.cost.peak_bytes)}); the strategy file is flagged over_memory", file=sys.stderr)
+              f"{human_bytes(result.cost.peak_bytes)}; {_floor_text(found)}); the strategy file is flagged "
+              "over_memory", file=sys.stderr)
         return 3
     return 0
 
@@ -636,10 +650,22 @@ def _compare(options: argparse.Namespace, analysis, mesh, hardware, settings, pi
               file=sys.stderr)
         return 1
     if result.found.over_memory:
-        print(f"toast: error: no strategy found fits {human_bytes(result.found.device_memory)} per device",
-              file=sys.stderr)
+        print(f"toast: error: no strategy found fits {human_bytes(result.found.device_memory)} per device "
+              f"({_floor_text(result.found)})", file=sys.stderr)
         return 3
     return 0
+
+
+def _floor_text(found) -> str:
+    """What the memory floor says about a limit nothing found fits (``Found.floor_bytes``)."""
+    from toast.output.report import human_bytes
+
+    devices = found.model.mesh.devices
+    if found.floor_bytes > found.device_memory:
+        return (f"no sharding over {devices} devices can fit: the buffers live at the unsharded peak, split "
+                f"{devices} ways, take {human_bytes(found.floor_bytes)}")
+    return (f"the floor, the buffers live at the unsharded peak split {devices} ways, is "
+            f"{human_bytes(found.floor_bytes)}")
 
 
 def _sweep(options: argparse.Namespace) -> int:

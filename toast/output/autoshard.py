@@ -26,8 +26,10 @@ from toast.cost.hardware import Hardware, load_hardware
 from toast.cost.model import Cost, CostModel
 from toast.errors import ToastError
 from toast.search.actions import ActionSpace
+from toast.search.exhaustive import search_score
 from toast.search.mcts import RoundResult, SearchResult, SearchSettings, search
 from toast.sharding.mesh import Mesh, parse_mesh
+from toast.sharding.roles import Roles
 from toast.sharding.state import ShardingModel, ShardingState
 
 GIB = 2 ** 30
@@ -112,7 +114,15 @@ class Comparison:
 
 @dataclass(frozen=True)
 class Found:
-    """A search's outcome with everything needed to report it."""
+    """A search's outcome with everything needed to report it.
+
+    Attributes:
+      result: the search's result; where a manual strategy beat it, that strategy's state and cost (and no
+        search actions).
+      origin: ``"search"``, or the manual strategy chosen instead (``"fsdp+megatron"``).
+      floor_bytes: no sharding's peak per device is below this: the buffers live at the unsharded program's
+        peak, each split over every device.
+    """
 
     model: ShardingModel
     space: ActionSpace
@@ -120,6 +130,8 @@ class Found:
     costs: CostModel
     document: dict[str, Any]
     device_memory: float
+    origin: str = "search"
+    floor_bytes: float = 0.0
 
     @property
     def over_memory(self) -> bool:
@@ -128,7 +140,7 @@ class Found:
 
 def find_strategy(analysis, mesh: Mesh, hardware: Hardware, *, source: str,
                   pinned: Mapping[str, Sequence] | None = None, settings: SearchSettings = DEFAULT_SETTINGS,
-                  memory_gib: float | None = None, microbatches: int = 1,
+                  memory_gib: float | None = None, microbatches: int = 1, roles: Roles | None = None,
                   progress: Callable[[RoundResult, int, float], None] | None = None) -> Found:
     """Search a strategy for an analyzed program (what ``toast autoshard`` and ``autoshard`` run).
 
@@ -141,7 +153,11 @@ def find_strategy(analysis, mesh: Mesh, hardware: Hardware, *, source: str,
       settings: the search's budget and seed.
       memory_gib: memory per device in GiB (default: the profile's HBM).
       microbatches: micro-batches per step, the gradients reduced once (``CostModel``'s gradient accumulation).
-      progress: called after every round (see ``toast.search.mcts.search``).
+      roles: the program's roles: the manual strategies and their combinations that apply (and keep the pins)
+        are candidates too, and one that beats the search's strategy (``search_score``: faster, or fitting
+        where the search's does not) is returned instead, named in ``Found.origin`` and the file's
+        ``search.origin``.
+      progress: called as the search goes (see ``toast.search.mcts.search``).
     """
     if memory_gib is not None and memory_gib <= 0:
         raise ToastError(f"--memory {memory_gib:g}: give the memory per device in GiB, more than 0")
@@ -152,10 +168,15 @@ def find_strategy(analysis, mesh: Mesh, hardware: Hardware, *, source: str,
     costs = CostModel(model, hardware, device_memory=device_memory, microbatches=microbatches)
     costs.prepare(space.partition)
     result = search(space, costs, settings=settings, progress=progress)
+    origin = "search"
+    if roles is not None:
+        result, origin = _best_of_manual(result, model, costs, roles, space)
     from toast.output.strategy_file import strategy_json
 
     over = result.cost.peak_bytes > device_memory
+    floor = float(costs.initial[4]) / mesh.devices
     search_section = {
+        "origin": origin,
         "seed": settings.seed,
         "rollouts": result.rollouts,
         "seconds": round(result.seconds, 3),
@@ -163,6 +184,7 @@ def find_strategy(analysis, mesh: Mesh, hardware: Hardware, *, source: str,
         "device_memory_bytes": device_memory,
         "microbatches": microbatches,
         "over_memory": over,
+        "floor_bytes": floor,
         "pinned": {name: [list(e) if isinstance(e, tuple) else e for e in entries]
                    for name, entries in sorted((pinned or {}).items())},
         "rounds": [{"phase": r.phase, "best_relative": r.best_relative, "best_step_time_s": r.best_step_time_s,
@@ -171,7 +193,30 @@ def find_strategy(analysis, mesh: Mesh, hardware: Hardware, *, source: str,
     }
     document = strategy_json(model, result.state, result.state.actions, result.cost, source=source,
                              hardware=hardware.name, name="toast", search=search_section)
-    return Found(model, space, result, costs, document, device_memory)
+    return Found(model, space, result, costs, document, device_memory, origin, floor)
+
+
+def _best_of_manual(result: SearchResult, model: ShardingModel, costs: CostModel, roles: Roles,
+                    space: ActionSpace) -> tuple[SearchResult, str]:
+    """The search's result, or the manual strategy (``STRATEGIES``, then ``COMPOSITES``; the first among
+    equals) that beats it under ``search_score``, as a result with no search actions, and its name."""
+    import dataclasses
+
+    from toast.sharding.strategies import COMPOSITES, STRATEGIES, manual_strategy
+
+    best, origin = search_score(result.cost, costs), "search"
+    for name in STRATEGIES + COMPOSITES:
+        try:
+            state, _ = manual_strategy(model, name, roles)
+        except ToastError:
+            continue
+        if not space.keeps_pins(state):
+            continue
+        cost = costs.evaluate(state)
+        if search_score(cost, costs) < best - 1e-12:
+            best, origin = search_score(cost, costs), name
+            result = dataclasses.replace(result, state=state, actions=(), cost=cost)
+    return result, origin
 
 
 def compare_manual(found: Found, roles) -> list[Comparison]:

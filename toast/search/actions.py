@@ -434,6 +434,10 @@ class ActionSpace:
         """The sharding state of atom masks (every name takes its atom's mask)."""
         return ShardingState(self.model.mesh, atom_masks[self.partition.part_of_name], actions, self.partition)
 
+    def keeps_pins(self, state: ShardingState) -> bool:
+        """Whether ``state`` shards every pinned dimension name as its pin says."""
+        return bool(np.array_equal(state.masks[self.pin_names], self.pin_masks))
+
     def apply(self, state: ShardingState, index: int) -> ShardingState | None:
         """The state after action ``index``, or ``None`` where the action is invalid in ``state``.
 

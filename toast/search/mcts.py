@@ -44,6 +44,7 @@ import numpy as np
 from toast.cost.model import Cost, CostModel
 from toast.errors import ToastError
 from toast.search.actions import ActionSpace, SearchAction
+from toast.search.exhaustive import OVER_MEMORY, search_score
 from toast.sharding.state import ShardingState
 
 STOP = -1
@@ -64,50 +65,59 @@ class SearchSettings:
 
     Attributes:
       seed: the random seed.
-      rollouts: total rollout budget (``None``: no limit; then ``seconds`` or convergence stops it).
+      rollouts: total rollout budget, shared by the lanes (``None``: no limit; then ``seconds`` or
+        ``restarts`` stops it). Spent in full unless every state is scored first.
       seconds: wall-clock budget (``None``: no limit).
-      rollouts_per_round: rollouts per round, over all lanes.
-      lanes: independent trees per round (fixed, whatever the number of workers).
+      lanes: independent trees (fixed, whatever the number of workers), each with an equal share of the
+        rollouts.
       workers: worker processes (``0``: one per core, at most ``lanes``; ``1``: in this process).
       max_depth: most actions in one trajectory (the paper's 30).
-      exploration: UCT's exploration constant.
+      exploration: UCT's exploration constant (rewards are minus relative step times).
+      rave: how many visits of an action at a node its all-moves-as-first value weighs as much as its own
+        (RAVE's equivalence parameter).
       stop_probability: chance that the default policy stops at each step.
       length_penalty: reward subtracted per action (prefers shorter trajectories).
-      patience: rounds in a row without improvement before stopping.
+      patience: rollouts in a row without a better state before a lane restarts its tree (below its best
+        state, or afresh).
+      restarts: restarts per lane before it stops early (``None``: no limit, the budget is spent).
       min_names: actions touching fewer distinct dimension names are pruned (the paper's 10).
       mirror_layers: mirror actions over repeated layers (section 4.4).
       stored_parameters: offer stored actions (``SearchAction.stored``: parameters split where they are kept
         and updated, gathered where used; FSDP).
-      polish: after each phase's rounds, improve its actions by local search (``_polish``); its costings
+      polish: after each phase's lanes, improve the best actions by local search (``_polish``); its costings
         come on top of the rollout budget (a time budget bounds them).
+      polish_candidates: how many of the lanes' best trajectories (best first, distinct) are polished.
       phases: the phases, in order (default: one over all axes, runtime).
     """
 
     seed: int = 0
     rollouts: int | None = 2000
     seconds: float | None = None
-    rollouts_per_round: int = 256
     lanes: int = 8
     workers: int = 0
     max_depth: int = 30
     exploration: float = 0.3
+    rave: float = 100.0
     stop_probability: float = 0.2
     length_penalty: float = 1e-3
-    patience: int = 1
+    patience: int = 200
+    restarts: int | None = None
     min_names: int = 10
     mirror_layers: bool = True
     stored_parameters: bool = True
     polish: bool = True
+    polish_candidates: int = 4
     phases: tuple[Phase, ...] = (Phase(),)
 
     def to_json(self) -> dict[str, Any]:
         """The settings as JSON (for the strategy file's ``search`` section)."""
         return {
-            "seed": self.seed, "rollouts": self.rollouts, "seconds": self.seconds,
-            "rollouts_per_round": self.rollouts_per_round, "lanes": self.lanes, "max_depth": self.max_depth,
-            "exploration": self.exploration, "stop_probability": self.stop_probability,
-            "length_penalty": self.length_penalty, "patience": self.patience, "min_names": self.min_names,
+            "seed": self.seed, "rollouts": self.rollouts, "seconds": self.seconds, "lanes": self.lanes,
+            "max_depth": self.max_depth, "exploration": self.exploration, "rave": self.rave,
+            "stop_probability": self.stop_probability, "length_penalty": self.length_penalty,
+            "patience": self.patience, "restarts": self.restarts, "min_names": self.min_names,
             "mirror_layers": self.mirror_layers, "stored_parameters": self.stored_parameters, "polish": self.polish,
+            "polish_candidates": self.polish_candidates,
             "phases": [{"axes": list(p.axes), "goal": p.goal} for p in self.phases],
         }
 
@@ -165,6 +175,7 @@ class _LaneResult:
     actions: tuple[int, ...]
     rollouts: int
     evaluations: int  # states this lane costed that its process had not costed before
+    exhausted: bool  # the lane's tree scored every state below its root
 
 
 class _Memo:
@@ -208,96 +219,147 @@ class _Memo:
         return self.cost_of(self.key(atom_masks))
 
     def score(self, key: bytes, goal: str) -> float:
+        """The state's score (lower is better): ``search_score`` (relative step time, memory a constraint)
+        for ``runtime``; for ``memory``, the peak relative to the unsharded one, step time breaking ties."""
         cost = self.cost_of(key)
+        runtime = search_score(cost, self.costs)
         if goal == "memory":
-            return cost.peak_bytes / self.initial_peak + 1e-3 * cost.relative
-        return cost.relative
-
-
-class _Edge:
-    __slots__ = ("action", "child", "visits", "total")
-
-    def __init__(self, action: int, child: bytes | None):
-        self.action = action
-        self.child = child  # the child state's key; None for the stop action
-        self.visits = 0
-        self.total = 0.0  # summed rewards
+            return cost.peak_bytes / self.initial_peak + 1e-3 * min(runtime, OVER_MEMORY)
+        return runtime
 
 
 class _Node:
-    __slots__ = ("untried", "edges", "visits")
+    """A state in a lane's tree: per position (the phase's allowed actions, then the stop action) its child's
+    key (``_UNKNOWN`` until stepped; ``None``: invalid here), visits, summed rewards, and all-moves-as-first
+    statistics (rollouts through this node that took the action at any later point); ``dead`` marks
+    positions with nothing left to learn (invalid, a stop already scored, a child whose subtree is
+    exhausted)."""
 
-    def __init__(self, untried: list[int]):
-        self.untried = untried
-        self.edges: list[_Edge] = []
+    __slots__ = ("children", "visits", "counts", "totals", "amaf_counts", "amaf_totals", "dead", "exhausted")
+
+    def __init__(self, width: int):
+        self.children: list[Any] = [_UNKNOWN] * width
         self.visits = 0
+        self.counts = np.zeros(width)
+        self.totals = np.zeros(width)
+        self.amaf_counts = np.zeros(width)
+        self.amaf_totals = np.zeros(width)
+        self.dead = np.zeros(width, dtype=bool)
+        self.exhausted = False
+
+
+_UNKNOWN: Any = object()  # a child not yet stepped to
+
+
+@dataclass
+class _Tree:
+    """One lane's tree, rooted at ``root`` (reached by ``prefix`` from the phase's start)."""
+
+    root: bytes
+    prefix: tuple[int, ...]
+    nodes: dict[bytes, _Node]
+
+
+def _tree_score(score: float) -> float:
+    """The score a rollout backs up: states over the memory limit (``OVER_MEMORY`` and more) squeezed to just
+    above the unsharded program's 1, so they do not swamp the averages of the states that fit."""
+    if score < OVER_MEMORY:
+        return score
+    return 1.5 + min(score - OVER_MEMORY, 1.0)
 
 
 def _run_lane(space: ActionSpace, memo: _Memo, settings: SearchSettings, task: _LaneTask) -> _LaneResult:
-    """One lane: ``task.rollouts`` rollouts on a fresh tree from ``task.root``; a pure function of its inputs
-    (``memo`` only memoizes)."""
+    """One lane: up to ``task.rollouts`` rollouts from ``task.root`` on one tree (restarted below the lane's
+    best state after ``settings.patience`` rollouts without improvement), stopping early only when the
+    tree has seen every state; a pure function of its inputs (``memo`` only memoizes).
+
+    Selection is UCT blended with all-moves-as-first values (RAVE): the state is a set of actions, mostly
+    independent of their order, so a rollout that took an action anywhere below a node says something about
+    taking it at the node. Unvisited actions are valued by those statistics (or by the node's mean), so a
+    rollout goes below a node before it has tried every action there."""
     rng = np.random.default_rng(list(task.seed))
-    root_key = memo.key(np.frombuffer(task.root, dtype=np.uint8).copy())
+    start_key = memo.key(np.frombuffer(task.root, dtype=np.uint8).copy())
     allowed = list(task.allowed)
-    nodes: dict[bytes, _Node] = {}
-
-    def node_for(key: bytes) -> _Node:
-        node = nodes.get(key)
-        if node is None:
-            order = [allowed[i] for i in rng.permutation(len(allowed))]
-            order.insert(int(rng.integers(0, len(order) + 1)), STOP)
-            node = nodes[key] = _Node(order)
-        return node
-
-    root = node_for(root_key)
-    best_score = memo.score(root_key, task.goal)
+    width = len(allowed) + 1
+    stop = width - 1
+    position = {action: index for index, action in enumerate(allowed)}
+    best_score = memo.score(start_key, task.goal)
     best_actions: tuple[int, ...] = ()
     evaluated_before = len(memo.cache)
-    done = 0
-    for _ in range(task.rollouts):
+    tree = _Tree(start_key, (), {start_key: _Node(width)})
+    done = since_best = restarts = 0
+    exhausted = False
+    while done < task.rollouts:
         if task.deadline is not None and time.monotonic() > task.deadline:
             break
+        root = tree.nodes[tree.root]
+        if root.exhausted or since_best >= settings.patience:
+            if root.exhausted and tree.root == start_key:
+                exhausted = True  # every state below the start is scored
+                break
+            if settings.restarts is not None and restarts >= settings.restarts:
+                break
+            restarts += 1
+            since_best = 0
+            # Below the best state when the tree was not there yet; else afresh from the start.
+            if best_actions and tuple(best_actions) != tree.prefix and not root.exhausted:
+                replayed = _replay_key(memo, start_key, best_actions)
+                tree = _Tree(replayed, tuple(best_actions), {replayed: _Node(width)})
+            else:
+                tree = _Tree(start_key, (), {start_key: _Node(width)})
+            continue
         done += 1
-        node, key = root, root_key
-        path: list[tuple[_Node, _Edge]] = []
-        taken: list[int] = []
+        since_best += 1
+        node, key = root, tree.root
+        path: list[tuple[_Node, int]] = []
+        taken: list[int] = list(tree.prefix)
         stopped = False
-        # Selection and expansion.
-        while len(taken) < settings.max_depth:
-            if node.untried:
-                action = node.untried.pop()
-                if action == STOP:
-                    edge = _Edge(STOP, None)
-                    node.edges.append(edge)
-                    path.append((node, edge))
-                    stopped = True
-                    break
-                child_key = memo.step(key, action)
-                if child_key is None:
-                    continue  # invalid here: dropped from this node
-                edge = _Edge(action, child_key)
-                node.edges.append(edge)
-                path.append((node, edge))
-                taken.append(action)
-                node, key = node_for(child_key), child_key
-                break
-            if not node.edges:
+        # Selection: UCT-RAVE among the node's live positions, down to a node not yet in the tree.
+        while True:
+            if len(taken) >= settings.max_depth:
                 stopped = True
                 break
-            log_visits = math.log(max(node.visits, 1))
-            edge = max(node.edges, key=lambda e: e.total / e.visits
-                       + settings.exploration * math.sqrt(log_visits / e.visits))
-            path.append((node, edge))
-            if edge.child is None:
+            live = ~node.dead
+            if not live.any():
+                node.exhausted = True
                 stopped = True
                 break
-            taken.append(edge.action)
-            node, key = nodes[edge.child], edge.child
-        # Default policy.
+            counts = node.counts
+            mean = node.totals.sum() / max(node.visits, 1) if node.visits else 0.0
+            value = np.where(counts > 0, node.totals / np.maximum(counts, 1), mean)
+            amaf = np.where(node.amaf_counts > 0, node.amaf_totals / np.maximum(node.amaf_counts, 1), value)
+            beta = np.sqrt(settings.rave / (3.0 * counts + settings.rave))
+            bonus = settings.exploration * np.sqrt(math.log(node.visits + 1) / (counts + 1))
+            priority = (1 - beta) * value + beta * amaf + bonus + rng.random(width) * 1e-9
+            priority[~live] = -np.inf
+            choice = int(np.argmax(priority))
+            if choice == stop:
+                node.dead[stop] = True  # its reward is the node's own score: once is enough
+                path.append((node, choice))
+                stopped = True
+                break
+            child = node.children[choice]
+            if child is _UNKNOWN:
+                child = node.children[choice] = memo.step(key, allowed[choice])
+            if child is None:
+                node.dead[choice] = True
+                continue
+            child_node = tree.nodes.get(child)
+            if child_node is not None and child_node.exhausted:
+                node.dead[choice] = True
+                continue
+            path.append((node, choice))
+            taken.append(allowed[choice])
+            key = child
+            if child_node is None:
+                tree.nodes[child] = _Node(width)
+                break
+            node = child_node
+        # Default policy: random valid actions, stopping with probability stop_probability at each step.
         while not stopped and len(taken) < settings.max_depth and rng.random() >= settings.stop_probability:
             for _attempt in range(8):
-                action = allowed[int(rng.integers(0, len(allowed)))] if allowed else STOP
-                following = memo.step(key, action) if action != STOP else None
+                action = allowed[int(rng.integers(0, len(allowed)))]
+                following = memo.step(key, action)
                 if following is not None:
                     key = following
                     taken.append(action)
@@ -305,14 +367,37 @@ def _run_lane(space: ActionSpace, memo: _Memo, settings: SearchSettings, task: _
             else:
                 break
         score = memo.score(key, task.goal)
-        reward = -(score + settings.length_penalty * len(taken))
-        for visited, edge in path:
+        reward = -(_tree_score(score) + settings.length_penalty * len(taken))
+        later = [position[action] for action in taken[len(tree.prefix):]]
+        for depth, (visited, choice) in enumerate(path):
             visited.visits += 1
-            edge.visits += 1
-            edge.total += reward
+            visited.counts[choice] += 1
+            visited.totals[choice] += reward
+            seen = np.unique(later[depth:] or [stop])
+            visited.amaf_counts[seen] += 1
+            visited.amaf_totals[seen] += reward
+        # A node whose positions are all dead is exhausted; so is its position in the parent.
+        for visited, choice in reversed(path):
+            child = visited.children[choice] if choice != stop else None
+            if child is not None and child is not _UNKNOWN and tree.nodes.get(child, None) is not None \
+                    and tree.nodes[child].exhausted:
+                visited.dead[choice] = True
+            if visited.dead.all():
+                visited.exhausted = True
+            else:
+                break
         if (score, len(taken)) < (best_score, len(best_actions)):
             best_score, best_actions = score, tuple(taken)
-    return _LaneResult(best_score, best_actions, done, len(memo.cache) - evaluated_before)
+            since_best = 0
+    return _LaneResult(best_score, best_actions, done, len(memo.cache) - evaluated_before, exhausted)
+
+
+def _replay_key(memo: _Memo, key: bytes, actions: tuple[int, ...]) -> bytes:
+    for action in actions:
+        following = memo.step(key, action)
+        assert following is not None, "a lane's best trajectory replays"
+        key = following
+    return key
 
 
 def _replay(space: ActionSpace, actions: list[int]) -> np.ndarray | None:
@@ -454,19 +539,23 @@ def search(space: ActionSpace, costs: CostModel, *, settings: SearchSettings = D
 
     Args:
       space: the action space (with its pinned initial state).
-      costs: the cost model (its ``device_memory`` and ``memory_penalty`` shape the reward).
+      costs: the cost model (its ``device_memory`` is the memory limit: a state over it never beats one that
+        fits).
       settings: budget, seed and the search's constants.
-      progress: called after each round with ``(round, rollouts so far, seconds so far)``.
+      progress: called as each lane ends, and after each polish, with ``(round, rollouts so far, seconds so
+        far)``.
 
     Raises:
-      ToastError: a budget of zero, or a phase naming an axis the mesh lacks.
+      ToastError: a budget of zero, no budget at all, or a phase naming an axis the mesh lacks.
     """
     if settings.rollouts is not None and settings.rollouts <= 0:
         raise ToastError(f"a rollout budget of {settings.rollouts}: give at least 1")
     if settings.seconds is not None and settings.seconds <= 0:
         raise ToastError(f"a time budget of {settings.seconds:g} s: give more than 0 seconds")
-    if settings.lanes < 1 or settings.rollouts_per_round < 1:
-        raise ToastError("lanes and rollouts_per_round must be at least 1")
+    if settings.rollouts is None and settings.seconds is None and settings.restarts is None:
+        raise ToastError("no budget: give a number of rollouts, seconds, or a number of restarts")
+    if settings.lanes < 1 or settings.patience < 1:
+        raise ToastError("lanes and patience must be at least 1")
     mesh_axes = [axis for axis, _ in space.model.mesh.axes]
     for phase in settings.phases:
         unknown = sorted(set(phase.axes) - set(mesh_axes))
@@ -475,7 +564,6 @@ def search(space: ActionSpace, costs: CostModel, *, settings: SearchSettings = D
         if phase.goal not in ("runtime", "memory"):
             raise ToastError(f"search phase goal '{phase.goal}': expected 'runtime' or 'memory'")
     start = time.monotonic()
-    deadline = start + settings.seconds if settings.seconds is not None else None
     memo = _Memo(costs, space)
     workers = settings.workers or min(os.cpu_count() or 1, settings.lanes)
     workers = max(1, min(workers, settings.lanes))
@@ -488,74 +576,75 @@ def search(space: ActionSpace, costs: CostModel, *, settings: SearchSettings = D
         rounds: list[RoundResult] = []
         total_rollouts = 0
         evaluations = 1
-        round_index = 0
         for phase_index, phase in enumerate(settings.phases):
+            phase_start_time = time.monotonic()
+            phases_left = len(settings.phases) - phase_index
             axes = set(phase.axes or mesh_axes)
             allowed = tuple(i for i, a in enumerate(space.actions) if a.axis in axes)
             best = memo.score(memo.key(state), phase.goal)
             phase_start = len(trajectory)  # trimming keeps the earlier phases' actions
-            stale = 0
-            # The rollout budget left is shared by the phases left (an early-stopping phase leaves its rest).
-            phase_end = None if settings.rollouts is None else total_rollouts + (
-                settings.rollouts - total_rollouts) // (len(settings.phases) - phase_index)
-            while stale < settings.patience:
-                remaining = None if phase_end is None else phase_end - total_rollouts
-                if (remaining is not None and remaining <= 0) or (deadline is not None and time.monotonic() > deadline):
-                    break
-                per_round = settings.rollouts_per_round if remaining is None else min(remaining,
-                                                                                      settings.rollouts_per_round)
-                shares = [per_round // settings.lanes + (1 if lane < per_round % settings.lanes else 0)
-                          for lane in range(settings.lanes)]
-                tasks = [_LaneTask(state.tobytes(), allowed, phase.goal, (settings.seed, round_index, lane),
-                                   share, deadline) for lane, share in enumerate(shares) if share]
-                if pool is not None:
-                    results = pool.map(_worker_lane, tasks, chunksize=1)
-                else:
-                    results = [_run_lane(space, memo, settings, task) for task in tasks]
-                round_index += 1
-                done = sum(r.rollouts for r in results)
-                total_rollouts += done
-                evaluations += sum(r.evaluations for r in results)
-                winner = min(results, key=lambda r: (r.score, len(r.actions)))
-                if winner.score < best - 1e-9:
-                    evaluated_before = len(memo.cache)
-                    trajectory, best = _trim(space, memo, trajectory + list(winner.actions), keep=phase_start,
-                                             goal=phase.goal)
-                    evaluations += len(memo.cache) - evaluated_before
-                    replayed = _replay(space, trajectory)
-                    assert replayed is not None, "a trimmed trajectory replays"
-                    state = replayed
-                    stale = 0
-                else:
-                    stale += 1
-                cost = memo.cost(state)
-                result = RoundResult(phase_index, cost.relative, cost.step_time_s, done)
-                rounds.append(result)
+            # The budget left is shared by the phases left; a phase's rollouts by its lanes.
+            budget = None if settings.rollouts is None else (settings.rollouts - total_rollouts) // phases_left
+            shares = [None] * settings.lanes if budget is None else [
+                budget // settings.lanes + (1 if lane < budget % settings.lanes else 0)
+                for lane in range(settings.lanes)]
+            # Lanes run in waves of `workers`; with a time budget each wave has its share of the phase's time.
+            waves = -(-settings.lanes // workers)
+            phase_seconds = None if settings.seconds is None else (
+                settings.seconds - (phase_start_time - start)) / phases_left
+            tasks = [_LaneTask(state.tobytes(), allowed, phase.goal, (settings.seed, phase_index, lane),
+                               share if share is not None else 2 ** 62,
+                               None if phase_seconds is None else
+                               phase_start_time + phase_seconds * (lane // workers + 1) / waves)
+                     for lane, share in enumerate(shares) if share != 0]
+            lane_results = pool.imap(_worker_lane, tasks, chunksize=1) if pool is not None else (
+                _run_lane(space, memo, settings, task) for task in tasks)
+            found: list[_LaneResult] = []
+            phase_rollouts = 0
+            for result in lane_results:
+                phase_rollouts += result.rollouts
+                total_rollouts += result.rollouts
+                evaluations += result.evaluations
+                found.append(result)
                 if progress is not None:
-                    progress(result, total_rollouts, time.monotonic() - start)
-                if done == 0:
+                    leader = min(found, key=lambda r: (r.score, len(r.actions)))
+                    cost = memo.cost_of(_replay_key(memo, memo.key(state), leader.actions))
+                    progress(RoundResult(phase_index, cost.relative, cost.step_time_s, result.rollouts),
+                             total_rollouts, time.monotonic() - start)
+            # The lanes' best trajectories, best first (each once), trimmed and polished: the best of them.
+            candidates = sorted({r.actions: r for r in found}.values(), key=lambda r: (r.score, len(r.actions),
+                                                                                          r.actions))
+            deadline = None if phase_seconds is None else phase_start_time + phase_seconds
+            phase_best = best
+            refined: list[tuple[float, int, list[int]]] = [(best, len(trajectory), trajectory)]
+            for rank, candidate in enumerate(candidates[:settings.polish_candidates if settings.polish else 1]):
+                if deadline is not None and time.monotonic() > deadline and rank:
                     break
-            if settings.polish:
-                polished, polished_score, costed = _polish(space, memo, trajectory, keep=phase_start,
-                                                           allowed=allowed, goal=phase.goal, score=best,
-                                                           chunk=settings.lanes, pool=pool,
-                                                           deadline=deadline)
-                evaluations += costed
-                if polished_score < best:
-                    trajectory, best = polished, polished_score
-                    replayed = _replay(space, trajectory)
-                    assert replayed is not None, "a polished trajectory replays"
-                    state = replayed
-                    cost = memo.cost(state)
-                    result = RoundResult(phase_index, cost.relative, cost.step_time_s, 0)
-                    rounds.append(result)
-                    if progress is not None:
-                        progress(result, total_rollouts, time.monotonic() - start)
+                evaluated_before = len(memo.cache)
+                actions, score = _trim(space, memo, trajectory + list(candidate.actions), keep=phase_start,
+                                       goal=phase.goal)
+                evaluations += len(memo.cache) - evaluated_before
+                if settings.polish:
+                    actions, score, costed = _polish(space, memo, actions, keep=phase_start, allowed=allowed,
+                                                     goal=phase.goal, score=score, chunk=settings.lanes,
+                                                     pool=pool, deadline=deadline)
+                    evaluations += costed
+                refined.append((score, len(actions), actions))
+            phase_best, _, chosen = min(refined, key=lambda r: (r[0], r[1], tuple(r[2])))
+            if phase_best < best:
+                trajectory, best = chosen, phase_best
+                replayed = _replay(space, trajectory)
+                assert replayed is not None, "a refined trajectory replays"
+                state = replayed
+            cost = memo.cost(state)
+            rounds.append(RoundResult(phase_index, cost.relative, cost.step_time_s, phase_rollouts))
+            if progress is not None:
+                progress(rounds[-1], total_rollouts, time.monotonic() - start)
     finally:
         if pool is not None:
             pool.close()
             pool.join()
-    actions = tuple(space.actions[i] for i in trajectory)
-    final = space.state(state, tuple(a for action in actions for a in action.as_actions()))
-    return SearchResult(final, actions, costs.evaluate(final), tuple(rounds), total_rollouts, evaluations,
+    taken = tuple(space.actions[i] for i in trajectory)
+    final = space.state(state, tuple(a for action in taken for a in action.as_actions()))
+    return SearchResult(final, taken, costs.evaluate(final), tuple(rounds), total_rollouts, evaluations,
                         time.monotonic() - start, settings)

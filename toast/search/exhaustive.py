@@ -1,0 +1,199 @@
+"""The whole state space of a small program, and the baselines a search is measured against.
+
+``enumerate_states`` walks every state the action space reaches from its initial state (breadth first, each
+state once: states are keyed by their atoms' masks, ``ActionSpace.step``) and costs each; ``Optimum`` is the
+best one under a memory limit. ``random_search`` and ``greedy_search`` spend a given number of cost
+evaluations the simple ways (random valid action sequences; steepest descent, restarted from random states),
+so a tree search can be judged against them at equal work (``benchmarks/bench_optimality.py``).
+
+Scores are ``CostModel.evaluate``'s relative step time with memory as a constraint (``search_score``): a state
+over the limit never beats one that fits.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from toast.cost.model import Cost, CostModel
+from toast.errors import ToastError
+from toast.search.actions import ActionSpace
+
+# A state over the memory limit scores this much above the relative step time of any state that fits (the
+# unsharded program's is 1; a sharding 1000x slower than that is not a candidate anyway).
+OVER_MEMORY = 1000.0
+
+
+def search_score(cost: Cost, costs: CostModel) -> float:
+    """A state's score for the search (lower is better): its step time relative to the unsharded program's
+    where its peak fits ``costs.device_memory``, else ``OVER_MEMORY`` plus its excess over the limit relative
+    to the unsharded peak (among states that do not fit, the smaller peak wins; then the faster)."""
+    initial_time, initial_peak = float(costs.initial[0]), float(costs.initial[4])
+    relative_time = cost.step_time_s / initial_time if initial_time > 0 else 1.0
+    if cost.peak_bytes <= costs.device_memory:
+        return relative_time
+    return OVER_MEMORY + (cost.peak_bytes - costs.device_memory) / max(initial_peak, 1.0) + 1e-3 * relative_time
+
+
+@dataclass(frozen=True)
+class StateSpace:
+    """Every state an action space reaches, costed.
+
+    Attributes:
+      atoms: ``uint8[states, atoms]``, the states' atom masks (row 0: the initial state), breadth-first order.
+      depth: ``int64[states]``, fewest actions reaching each state.
+      step_time_s: ``float64[states]``, estimated step time, seconds.
+      peak_bytes: ``int64[states]``, estimated peak memory per device, bytes.
+      seconds: wall-clock time of the enumeration and costing.
+    """
+
+    atoms: np.ndarray
+    depth: np.ndarray
+    step_time_s: np.ndarray
+    peak_bytes: np.ndarray
+    seconds: float
+
+    def __len__(self) -> int:
+        return len(self.depth)
+
+    def optimum(self, device_memory: float) -> int | None:
+        """The index of the fastest state whose peak fits ``device_memory`` bytes (fewest actions, then
+        breadth-first order, among equals); ``None`` when none fits."""
+        fits = np.flatnonzero(self.peak_bytes <= device_memory)
+        if not len(fits):
+            return None
+        order = np.lexsort((fits, self.depth[fits], self.step_time_s[fits]))
+        return int(fits[order[0]])
+
+
+def enumerate_states(space: ActionSpace, costs: CostModel, *, limit: int = 1_000_000,
+                     progress: Callable[[int], None] | None = None) -> StateSpace:
+    """Every state ``space`` reaches, each costed once (``costs.evaluate(..., collectives=False)``).
+
+    Raises:
+      ToastError: more than ``limit`` states (the space is too big to enumerate).
+    """
+    start = time.monotonic()
+    costs.prepare(space.partition)
+    initial = space.initial_atoms
+    seen: dict[bytes, int] = {initial.tobytes(): 0}
+    atoms: list[np.ndarray] = [initial]
+    depth: list[int] = [0]
+    frontier = 0
+    while frontier < len(atoms):
+        here = atoms[frontier]
+        for action in range(len(space)):
+            following = space.step(here, action)
+            if following is None:
+                continue
+            key = following.tobytes()
+            if key in seen:
+                continue
+            if len(atoms) >= limit:
+                raise ToastError(f"more than {limit} states: too many to enumerate")
+            seen[key] = len(atoms)
+            atoms.append(following)
+            depth.append(depth[frontier] + 1)
+        frontier += 1
+    step = np.empty(len(atoms))
+    peak = np.empty(len(atoms), dtype=np.int64)
+    for index, masks in enumerate(atoms):
+        cost = costs.evaluate(space.state(masks), collectives=False)
+        step[index], peak[index] = cost.step_time_s, cost.peak_bytes
+        if progress is not None and index % 1000 == 999:
+            progress(index + 1)
+    return StateSpace(np.stack(atoms), np.asarray(depth, dtype=np.int64), step, peak, time.monotonic() - start)
+
+
+@dataclass(frozen=True)
+class BaselineResult:
+    """A baseline's best state: its atom masks, score (``search_score``) and the cost evaluations spent."""
+
+    atoms: np.ndarray
+    score: float
+    evaluations: int
+
+
+class _Scorer:
+    """Costs each state once, counting the evaluations."""
+
+    def __init__(self, space: ActionSpace, costs: CostModel):
+        self.space, self.costs = space, costs
+        costs.prepare(space.partition)
+        self.cache: dict[bytes, float] = {}
+
+    def __call__(self, atoms: np.ndarray) -> float:
+        key = atoms.tobytes()
+        found = self.cache.get(key)
+        if found is None:
+            cost = self.costs.evaluate(self.space.state(atoms), collectives=False)
+            found = self.cache[key] = search_score(cost, self.costs)
+        return found
+
+
+def _random_walk(space: ActionSpace, rng: np.random.Generator, *, stop_probability: float, max_depth: int,
+                 ) -> np.ndarray:
+    atoms = space.initial_atoms
+    for _ in range(max_depth):
+        if rng.random() < stop_probability:
+            break
+        for action in rng.permutation(len(space)):
+            following = space.step(atoms, int(action))
+            if following is not None:
+                atoms = following
+                break
+        else:
+            break
+    return atoms
+
+
+def random_search(space: ActionSpace, costs: CostModel, *, evaluations: int, seed: int,
+                  stop_probability: float = 0.2, max_depth: int = 30, attempts: int = 100) -> BaselineResult:
+    """Random valid action sequences (stop with ``stop_probability`` before each action) until
+    ``evaluations`` distinct states are costed (or ``attempts`` walks in a row find nothing new); the best."""
+    score = _Scorer(space, costs)
+    rng = np.random.default_rng(seed)
+    best = space.initial_atoms
+    best_score = score(best)
+    fruitless = 0
+    while len(score.cache) < evaluations and fruitless < attempts:
+        before = len(score.cache)
+        atoms = _random_walk(space, rng, stop_probability=stop_probability, max_depth=max_depth)
+        value = score(atoms)
+        fruitless = 0 if len(score.cache) > before else fruitless + 1
+        if value < best_score:
+            best, best_score = atoms, value
+    return BaselineResult(best, best_score, len(score.cache))
+
+
+def greedy_search(space: ActionSpace, costs: CostModel, *, evaluations: int, seed: int,
+                  stop_probability: float = 0.2, max_depth: int = 30, attempts: int = 100) -> BaselineResult:
+    """Steepest descent (take the action that lowers the score most, until none does) from the initial state,
+    then from random states (``random_search``'s walks), until ``evaluations`` distinct states are costed;
+    the best state seen."""
+    score = _Scorer(space, costs)
+    rng = np.random.default_rng(seed)
+    best = space.initial_atoms
+    best_score = score(best)
+    start = best
+    fruitless = 0
+    while len(score.cache) < evaluations and fruitless < attempts:
+        before = len(score.cache)
+        atoms, value = start, score(start)
+        while len(score.cache) < evaluations:
+            options = [(score(following), action) for action in range(len(space))
+                       if (following := space.step(atoms, action)) is not None]
+            if not options or min(options)[0] >= value:
+                break
+            value, action = min(options)
+            following = space.step(atoms, action)
+            assert following is not None
+            atoms = following
+        if value < best_score:
+            best, best_score = atoms, value
+        fruitless = 0 if len(score.cache) > before else fruitless + 1
+        start = _random_walk(space, rng, stop_probability=stop_probability, max_depth=max_depth)
+    return BaselineResult(best, best_score, len(score.cache))
