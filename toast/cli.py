@@ -589,7 +589,7 @@ def _autoshard(options: argparse.Namespace, analysis, mesh, hardware, settings, 
     print(f"{analysis.program.name}: toast's strategy on mesh {mesh.spec()} ({hardware.name}, "
           f"{human_bytes(found.device_memory)} per device): {len(result.actions)} actions from "
           f"{len(found.space)} ({len(found.space.classes)} color classes), {result.rollouts} rollouts in "
-          f"{len(result.rounds)} rounds, {result.evaluations} states costed, {result.seconds:.1f} s, seed "
+          f"{settings.lanes} lanes, {result.evaluations} states costed, {result.seconds:.1f} s, seed "
           f"{settings.seed}")
     if found.origin != "search":
         print(f"  the manual strategy {found.origin} beats what the search found: toast's strategy is {found.origin}")
@@ -703,19 +703,17 @@ def _sweep(options: argparse.Namespace) -> int:
 
 
 class _Progress:
-    """One self-rewriting line on a terminal: rounds, best step time, rollouts per second."""
+    """One self-rewriting line on a terminal: best step time, rollouts and their rate, seconds."""
 
     def __init__(self, stream):
         self.stream = stream
-        self.rounds = 0
 
     def __call__(self, round_result, rollouts: int, seconds: float) -> None:
         from toast.output.report import human_seconds
 
-        self.rounds += 1
         rate = rollouts / seconds if seconds > 0 else 0.0
-        self.stream.write(f"\rsearch: round {self.rounds}, best step {human_seconds(round_result.best_step_time_s)} "
-                          f"(relative {round_result.best_relative:.3f}), {rollouts} rollouts, {rate:.0f}/s   ")
+        self.stream.write(f"\rsearch: best step {human_seconds(round_result.best_step_time_s)} (relative "
+                          f"{round_result.best_relative:.3f}), {rollouts} rollouts, {rate:.0f}/s, {seconds:.1f} s   ")
         self.stream.flush()
 
     def finish(self) -> None:

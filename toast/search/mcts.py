@@ -1,33 +1,37 @@
 """Monte Carlo Tree Search over the action space (TOAST section 4.1), guided by the cost model.
 
-One **rollout** walks the tree from the round's root: UCT selection among tried actions, expansion of one
-untried action (or the stop action), then a random default policy (stop with probability
-``stop_probability`` at each step, at most ``max_depth`` actions in all), and evaluates the final state's
-cost ``C(s) = RT(s) + MP(s)`` (``CostModel.evaluate(...).relative``). Its reward ``-(C(s) + length_penalty *
-depth)`` prefers shorter trajectories among equally good ones; it is backed up along the tree path.
+One **rollout** walks a tree from its root: selection among the node's actions (UCT blended with
+all-moves-as-first values, RAVE), down to a state not yet in the tree, then a random default policy (stop
+with probability ``stop_probability`` at each step, at most ``max_depth`` actions in all), and scores the
+final state (``search_score``: its step time relative to the unsharded program's where it fits the memory
+limit; a state over the limit never beats one that fits). Its reward ``-(score + length_penalty * depth)``
+prefers shorter trajectories among equally good ones; it is backed up along the tree path, and into the
+all-moves-as-first statistics of every action the rollout took below each node. A sharding is a set of
+actions whose order matters little, so those statistics let a rollout go below a node before it has tried
+every action there.
 
-States are nodes of a **transposition table** keyed by the sharding itself (its atoms' masks, ``ActionSpace.step``): any
-action order that reaches the same sharding is the same node, and no state is costed twice (a cost cache).
+States are keyed by the sharding itself (its atoms' masks, ``ActionSpace.step``): any action order that
+reaches the same sharding is the same node of the tree, and no state is costed twice (a cost cache). A node
+whose every action is invalid, already scored (the stop action) or leads to an exhausted node is
+**exhausted**; a tree whose root is exhausted has scored every state below it, and its lane stops early.
 
-A **round** runs ``rollouts_per_round`` rollouts split over ``lanes`` independent trees (root
-parallelism), each lane seeded from ``(seed, round, lane)``; the best trajectory over all lanes (lowest
-cost, then fewest actions, then lowest lane) is kept, less the actions whose removal costs nothing
-(``_trim``), and the next round searches on from its state. The search stops early when ``patience``
-rounds in a row fail to improve the best cost, or when the rollout or
-time budget is spent. Lanes run in worker processes that share nothing but their results, so the same seed
-gives the same strategy on any number of workers (with a rollout budget; a time budget cuts rounds where
-the clock says).
+**Lanes** are independent trees (root parallelism), each with an equal share of the rollout budget and
+seeded from ``(seed, phase, lane)``; a lane keeps its tree for the whole budget, and after ``patience``
+rollouts without a better state it **restarts** (below its best state, or afresh from the start when the
+tree was already there), so the budget is spent unless the space is exhausted (``restarts`` bounds the
+restarts for an early stop). Lanes run in worker processes that share nothing but their results, so the
+same seed gives the same strategy on any number of workers (with a rollout budget; a time budget gives each
+wave of lanes its share of the time).
 
-**Polish.** Rounds commit whole trajectories, so a random action taken early can hold a mesh axis that a
-better plan needs (a channel dim on the axis the images' batch wants, on a U-Net). After its rounds, each
-phase improves its actions by local search (``_polish``): add actions greedily, or remove one action and
-descend greedily from what is left (first among the actions it blocked), and take the first such move that
-lowers the cost, until none does.
+**Polish.** The best trajectories of the lanes (``polish_candidates`` of them, best first) are each improved
+by local search (``_polish``): descend greedily, or remove one action and descend again (the descent may pass
+through states over the memory limit: after removing one stored action, the other classes' stored actions
+one at a time); the first such move that lowers the score is taken, until none does. The best of them is
+the phase's result.
 
 **Phases** (the composite strategies of PartIR): a search may run in phases, each restricted to some mesh
-axes and optimizing ``runtime`` (``C(s)``) or ``memory`` (peak bytes relative to the unsharded peak, runtime
-breaking ties); each phase starts from the previous one's best state, with an equal share of the rollouts
-left.
+axes and optimizing ``runtime`` or ``memory`` (peak bytes relative to the unsharded peak, runtime breaking
+ties); each phase starts from the previous one's best state, with an equal share of the rollouts left.
 """
 
 from __future__ import annotations
@@ -124,8 +128,8 @@ class SearchSettings:
 
 @dataclass(frozen=True, slots=True)
 class RoundResult:
-    """One round: its phase, the best cost after it, and the rollouts it ran (0: the phase's polish step,
-    ``SearchSettings.polish``)."""
+    """A step of the search as reported: its phase, the best cost so far, and the rollouts it ran (as each
+    lane ends: that lane's; the phase's last, after its polish: the phase's)."""
 
     phase: int
     best_relative: float
@@ -141,7 +145,7 @@ class SearchResult:
       state: the best sharding state.
       actions: the actions that reach it from the (pinned) initial state, in order.
       cost: its cost.
-      rounds: the best cost after each round.
+      rounds: per phase, the best cost after its lanes and polish, and its rollouts.
       rollouts: rollouts run.
       evaluations: states costed (each process costs a state once; lanes in different processes may both
         cost one).
@@ -161,7 +165,7 @@ class SearchResult:
 
 @dataclass(frozen=True, slots=True)
 class _LaneTask:
-    root: bytes  # the round's root masks
+    root: bytes  # the phase's starting masks
     allowed: tuple[int, ...]  # action indices this phase may take
     goal: str
     seed: tuple[int, ...]
@@ -415,7 +419,7 @@ def _trim(space: ActionSpace, memo: _Memo, actions: list[int], *, keep: int, goa
           ) -> tuple[list[int], float]:
     """``actions`` without those (past the first ``keep``) whose removal costs nothing, last first, and the
     score of what is left. A winning trajectory carries random actions that happen not to hurt; kept, they
-    could block an axis a later round needs (a batch dim cannot take an axis a channel dim holds)."""
+    could block an axis the polish needs (a batch dim cannot take an axis a channel dim holds)."""
     atoms = _replay(space, actions)
     assert atoms is not None, "a committed trajectory replays"
     score = memo.score(memo.key(atoms), goal)
@@ -475,20 +479,19 @@ def _polish(space: ActionSpace, memo: _Memo, actions: list[int], *, keep: int, a
             goal: str, score: float, chunk: int, pool: Any, deadline: float | None) -> tuple[list[int], float, int]:
     """Local search on a phase's actions (past the first ``keep``): descend greedily (``_refill``), or remove
     one action and then descend; take the first move, latest position first, that lowers the score, and
-    start over. Rounds commit whole trajectories, so an early random action can hold an axis that a better
+    start over. A trajectory from a rollout carries random actions, and one can hold an axis that a better
     plan needs (a channel dim on the axis the batch wants); this undoes one at a time. Moves are tried
     ``chunk`` at a time in the workers (a fixed chunk, so the result does not depend on the number of
     workers). Returns the actions, their score and the states costed."""
     evaluations = 0
 
     def moves() -> list[_RefillTask]:
-        # First a plain descent; then each removal, whose first step is among the actions the full
-        # trajectory blocks (the others were there to take before, and were not taken).
-        full = _replay(space, actions)
-        assert full is not None
-        blocked = tuple(a for a in allowed if space.step(full, a) is None)
+        # First a plain descent; then each removal and a descent whose first step is not the removed action
+        # (a step may have to go through states over the memory limit: after removing a stored action, the
+        # other classes' stored actions one by one).
         return [_RefillTask(tuple(actions), allowed, goal, None)] + [
-            _RefillTask(tuple(actions[:p] + actions[p + 1:]), allowed, goal, blocked)
+            _RefillTask(tuple(actions[:p] + actions[p + 1:]), allowed, goal,
+                        tuple(a for a in allowed if a != actions[p]))
             for p in range(len(actions) - 1, keep - 1, -1)]
 
     pending = moves()
