@@ -314,7 +314,8 @@ def test_autoshard_command_writes_the_strategy_and_the_table(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "| toast |" in printed and "| megatron |" in printed and "| data_parallel |" in printed
     document = toast.read_strategy(out)
-    assert document["search"]["rollouts"] == 100 and document["search"]["over_memory"] is False
+    # The MLP's 9 states are all scored in fewer than 100 rollouts (then the search stops).
+    assert 9 <= document["search"]["rollouts"] < 100 and document["search"]["over_memory"] is False
     assert main(["cost", "toast.examples.mlp:mlp", "--hardware", "a100_80gb", "--strategy", str(out),
                  "--engine", "embedded"]) == 0
     assert main(["validate", "toast.examples.mlp:mlp", str(out), "--engine", "embedded", "--devices", "8"]) == 0

@@ -24,9 +24,10 @@ same seed gives the same strategy on any number of workers (with a rollout budge
 wave of lanes its share of the time).
 
 **Polish.** The best trajectories of the lanes (``polish_candidates`` of them, best first) are each improved
-by local search (``_polish``): descend greedily, or remove one action and descend again (the descent may pass
+by local search (``_polish``): descend greedily, remove one action and descend again (the descent may pass
 through states over the memory limit: after removing one stored action, the other classes' stored actions
-one at a time); the first such move that lowers the score is taken, until none does. The best of them is
+one at a time), or swap one action for another and descend; the first such move that lowers the score is
+taken, until none does. The best of them is
 the phase's result.
 
 **Phases** (the composite strategies of PartIR): a search may run in phases, each restricted to some mesh
@@ -51,7 +52,7 @@ from toast.search.actions import ActionSpace, SearchAction
 from toast.search.exhaustive import OVER_MEMORY, search_score
 from toast.sharding.state import ShardingState
 
-STOP = -1
+POLISH_CHUNK = 8  # polish moves tried at once (fixed: the result must not depend on the workers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,13 +92,14 @@ class SearchSettings:
       polish: after each phase's lanes, improve the best actions by local search (``_polish``); its costings
         come on top of the rollout budget (a time budget bounds them).
       polish_candidates: how many of the lanes' best trajectories (best first, distinct) are polished.
+      polish_swaps: the polish also tries swapping each action for each other one (then a descent).
       phases: the phases, in order (default: one over all axes, runtime).
     """
 
     seed: int = 0
     rollouts: int | None = 2000
     seconds: float | None = None
-    lanes: int = 8
+    lanes: int = 2
     workers: int = 0
     max_depth: int = 30
     exploration: float = 0.3
@@ -111,6 +113,7 @@ class SearchSettings:
     stored_parameters: bool = True
     polish: bool = True
     polish_candidates: int = 4
+    polish_swaps: bool = True
     phases: tuple[Phase, ...] = (Phase(),)
 
     def to_json(self) -> dict[str, Any]:
@@ -121,7 +124,7 @@ class SearchSettings:
             "stop_probability": self.stop_probability, "length_penalty": self.length_penalty,
             "patience": self.patience, "restarts": self.restarts, "min_names": self.min_names,
             "mirror_layers": self.mirror_layers, "stored_parameters": self.stored_parameters, "polish": self.polish,
-            "polish_candidates": self.polish_candidates,
+            "polish_candidates": self.polish_candidates, "polish_swaps": self.polish_swaps,
             "phases": [{"axes": list(p.axes), "goal": p.goal} for p in self.phases],
         }
 
@@ -476,23 +479,32 @@ def _worker_refill(task: _RefillTask) -> tuple[float, tuple[int, ...], int]:
 
 
 def _polish(space: ActionSpace, memo: _Memo, actions: list[int], *, keep: int, allowed: tuple[int, ...],
-            goal: str, score: float, chunk: int, pool: Any, deadline: float | None) -> tuple[list[int], float, int]:
-    """Local search on a phase's actions (past the first ``keep``): descend greedily (``_refill``), or remove
-    one action and then descend; take the first move, latest position first, that lowers the score, and
-    start over. A trajectory from a rollout carries random actions, and one can hold an axis that a better
-    plan needs (a channel dim on the axis the batch wants); this undoes one at a time. Moves are tried
-    ``chunk`` at a time in the workers (a fixed chunk, so the result does not depend on the number of
-    workers). Returns the actions, their score and the states costed."""
+            goal: str, score: float, chunk: int, pool: Any, deadline: float | None, swaps: bool = False,
+            ) -> tuple[list[int], float, int]:
+    """Local search on a phase's actions (past the first ``keep``): descend greedily (``_refill``), remove
+    one action and then descend, or (``swaps``) swap one for another and descend; take the first move that
+    lowers the score (in that order, latest position first), and start over. A trajectory from a rollout
+    carries random actions, and one can hold an axis that a better plan needs (a channel dim on the axis the
+    batch wants); this undoes one at a time. Moves are tried ``chunk`` at a time in the workers (a fixed
+    chunk, so the result does not depend on the number of workers). Returns the actions, their score and
+    the states costed."""
     evaluations = 0
 
     def moves() -> list[_RefillTask]:
         # First a plain descent; then each removal and a descent whose first step is not the removed action
         # (a step may have to go through states over the memory limit: after removing a stored action, the
         # other classes' stored actions one by one).
-        return [_RefillTask(tuple(actions), allowed, goal, None)] + [
+        positions = range(len(actions) - 1, keep - 1, -1)
+        found = [_RefillTask(tuple(actions), allowed, goal, None)] + [
             _RefillTask(tuple(actions[:p] + actions[p + 1:]), allowed, goal,
                         tuple(a for a in allowed if a != actions[p]))
-            for p in range(len(actions) - 1, keep - 1, -1)]
+            for p in positions]
+        if swaps:
+            # Then each swap of one action for another, and a descent (one stored action for another
+            # class's, say, where neither alone is a step down).
+            found += [_RefillTask(tuple(actions[:p] + actions[p + 1:] + [a]), allowed, goal, None)
+                      for p in positions for a in allowed if a not in actions]
+        return found
 
     pending = moves()
     while pending and (deadline is None or time.monotonic() <= deadline):
@@ -629,8 +641,8 @@ def search(space: ActionSpace, costs: CostModel, *, settings: SearchSettings = D
                 evaluations += len(memo.cache) - evaluated_before
                 if settings.polish:
                     actions, score, costed = _polish(space, memo, actions, keep=phase_start, allowed=allowed,
-                                                     goal=phase.goal, score=score, chunk=settings.lanes,
-                                                     pool=pool, deadline=deadline)
+                                                     goal=phase.goal, score=score, chunk=POLISH_CHUNK,
+                                                     pool=pool, deadline=deadline, swaps=settings.polish_swaps)
                     evaluations += costed
                 refined.append((score, len(actions), actions))
             phase_best, _, chosen = min(refined, key=lambda r: (r[0], r[1], tuple(r[2])))
