@@ -93,6 +93,8 @@ class SearchSettings:
         come on top of the rollout budget (a time budget bounds them).
       polish_candidates: how many of the lanes' best trajectories (best first, distinct) are polished.
       polish_swaps: the polish also tries swapping each action for each other one (then a descent).
+      polish_budget: states the polish may score per rollout of the phase's budget (shared by its candidates;
+        with a rollout budget: then the polish's work is bounded in the budget, whatever the program).
       phases: the phases, in order (default: one over all axes, runtime).
     """
 
@@ -114,6 +116,7 @@ class SearchSettings:
     polish: bool = True
     polish_candidates: int = 4
     polish_swaps: bool = True
+    polish_budget: int = 5
     phases: tuple[Phase, ...] = (Phase(),)
 
     def to_json(self) -> dict[str, Any]:
@@ -125,6 +128,7 @@ class SearchSettings:
             "patience": self.patience, "restarts": self.restarts, "min_names": self.min_names,
             "mirror_layers": self.mirror_layers, "stored_parameters": self.stored_parameters, "polish": self.polish,
             "polish_candidates": self.polish_candidates, "polish_swaps": self.polish_swaps,
+            "polish_budget": self.polish_budget,
             "phases": [{"axes": list(p.axes), "goal": p.goal} for p in self.phases],
         }
 
@@ -445,20 +449,23 @@ class _RefillTask:
     first: tuple[int, ...] | None  # the first step's candidates (None: every allowed action)
 
 
-def _refill(space: ActionSpace, memo: _Memo, task: _RefillTask) -> tuple[float, tuple[int, ...], int]:
+def _refill(space: ActionSpace, memo: _Memo, task: _RefillTask) -> tuple[float, tuple[int, ...], int, int]:
     """Greedy descent from the end of ``task.actions``: add the allowed action that lowers the score most
-    (lowest index among equals) until none does; the score, the actions and the states this process costed
-    anew. A pure function of its inputs (``memo`` only memoizes)."""
+    (lowest index among equals) until none does; the score, the actions, the states this process costed
+    anew, and the states scored (costed or not: what the polish's budget counts, the same on any number of
+    workers). A pure function of its inputs (``memo`` only memoizes)."""
     evaluated_before = len(memo.cache)
     atoms = _replay(space, list(task.actions))
     if atoms is None:
-        return math.inf, task.actions, 0
+        return math.inf, task.actions, 0, 0
     key = memo.key(atoms)
     score, actions = memo.score(key, task.goal), list(task.actions)
+    scored = 1
     candidates = task.allowed if task.first is None else task.first
     while True:
         options = [(memo.score(following, task.goal), action) for action in candidates
                    if (following := memo.step(key, action)) is not None]
+        scored += len(options)
         candidates = task.allowed
         if not options:
             break
@@ -469,10 +476,10 @@ def _refill(space: ActionSpace, memo: _Memo, task: _RefillTask) -> tuple[float, 
         assert following is not None
         score, key = best_score, following
         actions.append(best_action)
-    return score, tuple(actions), len(memo.cache) - evaluated_before
+    return score, tuple(actions), len(memo.cache) - evaluated_before, scored
 
 
-def _worker_refill(task: _RefillTask) -> tuple[float, tuple[int, ...], int]:
+def _worker_refill(task: _RefillTask) -> tuple[float, tuple[int, ...], int, int]:
     assert _WORKER is not None
     space, memo, _ = _WORKER
     return _refill(space, memo, task)
@@ -480,14 +487,14 @@ def _worker_refill(task: _RefillTask) -> tuple[float, tuple[int, ...], int]:
 
 def _polish(space: ActionSpace, memo: _Memo, actions: list[int], *, keep: int, allowed: tuple[int, ...],
             goal: str, score: float, chunk: int, pool: Any, deadline: float | None, swaps: bool = False,
-            ) -> tuple[list[int], float, int]:
+            budget: int | None = None) -> tuple[list[int], float, int]:
     """Local search on a phase's actions (past the first ``keep``): descend greedily (``_refill``), remove
     one action and then descend, or (``swaps``) swap one for another and descend; take the first move that
     lowers the score (in that order, latest position first), and start over. A trajectory from a rollout
     carries random actions, and one can hold an axis that a better plan needs (a channel dim on the axis the
     batch wants); this undoes one at a time. Moves are tried ``chunk`` at a time in the workers (a fixed
-    chunk, so the result does not depend on the number of workers). Returns the actions, their score and
-    the states costed."""
+    chunk, so the result does not depend on the number of workers) until ``budget`` states have been scored.
+    Returns the actions, their score and the states costed."""
     evaluations = 0
 
     def moves() -> list[_RefillTask]:
@@ -507,11 +514,13 @@ def _polish(space: ActionSpace, memo: _Memo, actions: list[int], *, keep: int, a
         return found
 
     pending = moves()
-    while pending and (deadline is None or time.monotonic() <= deadline):
+    scored = 0
+    while pending and (deadline is None or time.monotonic() <= deadline) and (budget is None or scored < budget):
         tasks, pending = pending[:chunk], pending[chunk:]
         results = pool.map(_worker_refill, tasks, chunksize=1) if pool is not None else [
             _refill(space, memo, task) for task in tasks]
         evaluations += sum(result[2] for result in results)
+        scored += sum(result[3] for result in results)
         better = [result for result in results if result[0] < score - 1e-9]
         if better:
             score, actions = better[0][0], list(better[0][1])
@@ -632,7 +641,10 @@ def search(space: ActionSpace, costs: CostModel, *, settings: SearchSettings = D
             deadline = None if phase_seconds is None else phase_start_time + phase_seconds
             phase_best = best
             refined: list[tuple[float, int, list[int]]] = [(best, len(trajectory), trajectory)]
-            for rank, candidate in enumerate(candidates[:settings.polish_candidates if settings.polish else 1]):
+            polished = candidates[:settings.polish_candidates if settings.polish else 1]
+            # The polish scores at most polish_budget states per rollout of the phase, shared by its candidates.
+            polish_budget = None if budget is None else max(1, settings.polish_budget * budget // max(1, len(polished)))
+            for rank, candidate in enumerate(polished):
                 if deadline is not None and time.monotonic() > deadline and rank:
                     break
                 evaluated_before = len(memo.cache)
@@ -642,7 +654,8 @@ def search(space: ActionSpace, costs: CostModel, *, settings: SearchSettings = D
                 if settings.polish:
                     actions, score, costed = _polish(space, memo, actions, keep=phase_start, allowed=allowed,
                                                      goal=phase.goal, score=score, chunk=POLISH_CHUNK,
-                                                     pool=pool, deadline=deadline, swaps=settings.polish_swaps)
+                                                     pool=pool, deadline=deadline, swaps=settings.polish_swaps,
+                                                     budget=polish_budget)
                     evaluations += costed
                 refined.append((score, len(actions), actions))
             phase_best, _, chosen = min(refined, key=lambda r: (r[0], r[1], tuple(r[2])))
