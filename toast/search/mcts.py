@@ -53,6 +53,7 @@ from toast.search.exhaustive import OVER_MEMORY, search_score
 from toast.sharding.state import ShardingState
 
 POLISH_CHUNK = 8  # polish moves tried at once (fixed: the result must not depend on the workers)
+POLISH_TIME_SHARE = 0.2  # of a phase's time budget, kept for the polish
 
 
 @dataclass(frozen=True, slots=True)
@@ -612,14 +613,17 @@ def search(space: ActionSpace, costs: CostModel, *, settings: SearchSettings = D
             shares = [None] * settings.lanes if budget is None else [
                 budget // settings.lanes + (1 if lane < budget % settings.lanes else 0)
                 for lane in range(settings.lanes)]
-            # Lanes run in waves of `workers`; with a time budget each wave has its share of the phase's time.
+            # Lanes run in waves of `workers`; with a time budget each wave has its share of the phase's time
+            # (less the polish's share).
             waves = -(-settings.lanes // workers)
             phase_seconds = None if settings.seconds is None else (
                 settings.seconds - (phase_start_time - start)) / phases_left
+            lane_seconds = None if phase_seconds is None else phase_seconds * (
+                1 - POLISH_TIME_SHARE if settings.polish else 1)
             tasks = [_LaneTask(state.tobytes(), allowed, phase.goal, (settings.seed, phase_index, lane),
                                share if share is not None else 2 ** 62,
-                               None if phase_seconds is None else
-                               phase_start_time + phase_seconds * (lane // workers + 1) / waves)
+                               None if lane_seconds is None else
+                               phase_start_time + lane_seconds * (lane // workers + 1) / waves)
                      for lane, share in enumerate(shares) if share != 0]
             lane_results = pool.imap(_worker_lane, tasks, chunksize=1) if pool is not None else (
                 _run_lane(space, memo, settings, task) for task in tasks)
