@@ -198,24 +198,18 @@ def find_strategy(analysis, mesh: Mesh, hardware: Hardware, *, source: str,
 
 def _best_of_manual(result: SearchResult, model: ShardingModel, costs: CostModel, roles: Roles,
                     space: ActionSpace) -> tuple[SearchResult, str]:
-    """The search's result, or the manual strategy (``STRATEGIES``, then ``COMPOSITES``; the first among
-    equals) that beats it under ``search_score``, as a result with no search actions, and its name."""
+    """The search's result, or the manual strategy (``_price_manual``'s order; the first among equals) that
+    keeps the pins and beats it under ``search_score``, as a result with no search actions, and its name."""
     import dataclasses
 
-    from toast.sharding.strategies import COMPOSITES, STRATEGIES, manual_strategy
-
     best, origin = search_score(result.cost, costs), "search"
-    for name in STRATEGIES + COMPOSITES:
-        try:
-            state, _ = manual_strategy(model, name, roles)
-        except ToastError:
+    for row in _price_manual(model, costs, roles):
+        if row.cost is None or row.state is None or not space.keeps_pins(row.state):
             continue
-        if not space.keeps_pins(state):
-            continue
-        cost = costs.evaluate(state)
-        if search_score(cost, costs) < best - 1e-12:
-            best, origin = search_score(cost, costs), name
-            result = dataclasses.replace(result, state=state, actions=(), cost=cost)
+        score = search_score(row.cost, costs)
+        if score < best - 1e-12:
+            best, origin = score, row.name
+            result = dataclasses.replace(result, state=row.state, actions=(), cost=row.cost)
     return result, origin
 
 
@@ -223,17 +217,21 @@ def compare_manual(found: Found, roles) -> list[Comparison]:
     """Every manual strategy (``toast.STRATEGIES``, then the ``COMPOSITES``) priced under the same model and
     memory limit; one that does not apply (a role the roles file lacks, an invalid state) has its reason
     instead of a cost."""
+    return _price_manual(found.model, found.costs, roles)
+
+
+def _price_manual(model: ShardingModel, costs: CostModel, roles) -> list[Comparison]:
     from toast.sharding.strategies import COMPOSITES, STRATEGIES, manual_strategy
 
     rows = []
     for name in STRATEGIES + COMPOSITES:
         try:
-            state, _ = manual_strategy(found.model, name, roles)
+            state, _ = manual_strategy(model, name, roles)
         except ToastError as err:
             rows.append(Comparison(name, None, False, str(err).split(";")[0]))
             continue
-        cost = found.costs.evaluate(state)
-        rows.append(Comparison(name, cost, cost.peak_bytes > found.device_memory, state=state))
+        cost = costs.evaluate(state)
+        rows.append(Comparison(name, cost, cost.peak_bytes > costs.device_memory, state=state))
     return rows
 
 

@@ -391,8 +391,8 @@ def _run_lane(space: ActionSpace, memo: _Memo, settings: SearchSettings, task: _
         # A node whose positions are all dead is exhausted; so is its position in the parent.
         for visited, choice in reversed(path):
             child = visited.children[choice] if choice != stop else None
-            if child is not None and child is not _UNKNOWN and tree.nodes.get(child, None) is not None \
-                    and tree.nodes[child].exhausted:
+            child_node = tree.nodes.get(child) if child is not None and child is not _UNKNOWN else None
+            if child_node is not None and child_node.exhausted:
                 visited.dead[choice] = True
             if visited.dead.all():
                 visited.exhausted = True
@@ -643,7 +643,6 @@ def search(space: ActionSpace, costs: CostModel, *, settings: SearchSettings = D
             candidates = sorted({r.actions: r for r in found}.values(), key=lambda r: (r.score, len(r.actions),
                                                                                           r.actions))
             deadline = None if phase_seconds is None else phase_start_time + phase_seconds
-            phase_best = best
             refined: list[tuple[float, int, list[int]]] = [(best, len(trajectory), trajectory)]
             polished = candidates[:settings.polish_candidates if settings.polish else 1]
             # The polish scores at most polish_budget states per rollout of the phase, shared by its candidates.
