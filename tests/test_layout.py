@@ -46,6 +46,8 @@ def _graph() -> dict[str, set[str]]:
 
 def _stage(module: str) -> str:
     parts = module.split(".")
+    if parts[1:] == ["__main__"]:
+        return "cli"  # ``python -m toast``: the command line's entry point
     return parts[1] if len(parts) > 1 else ""
 
 

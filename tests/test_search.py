@@ -34,8 +34,9 @@ FAST = SearchSettings(rollouts=300, workers=1)
 
 
 def _found(analysis, mesh, *, memory_gib=None, pinned=None, settings=FAST):
+    """The search's own strategy: no manual candidates, so these tests judge the search."""
     return find_strategy(analysis, parse_mesh(mesh), A100, source="test", pinned=pinned, settings=settings,
-                         memory_gib=memory_gib)
+                         memory_gib=memory_gib, manual_candidates=False)
 
 
 def _specs(found):
@@ -401,13 +402,26 @@ def test_a_manual_strategy_that_beats_the_search_is_returned(big_mlp):
     roles = toast.roles_for_input(MLP)
     settings = SearchSettings(rollouts=1, lanes=1, polish=False, workers=1)
     mesh = parse_mesh("batch=4,model=2")
-    alone = find_strategy(big_mlp, mesh, A100, source="test", settings=settings)
+    alone = find_strategy(big_mlp, mesh, A100, source="test", settings=settings, manual_candidates=False)
     found = find_strategy(big_mlp, mesh, A100, source="test", settings=settings, roles=roles)
     manual = [row for row in compare_manual(found, roles) if row.cost is not None and not row.over_memory]
     fastest = min(manual, key=lambda row: row.cost.step_time_s)
     assert fastest.cost.step_time_s < alone.result.cost.step_time_s
     assert found.origin == fastest.name and found.document["search"]["origin"] == fastest.name
     assert found.result.cost.step_time_s == fastest.cost.step_time_s and found.result.actions == ()
+
+
+def test_without_roles_the_proposed_roles_give_the_manual_candidates(big_mlp):
+    """No roles given: the roles proposed from the analysis (x:0 batch, w1:1 mlp) make Megatron a candidate,
+    so a crippled search still returns batch + Megatron, the Figure 2c sharding."""
+    from toast.sharding.propose import PROPOSED_SOURCE
+
+    settings = SearchSettings(rollouts=1, lanes=1, polish=False, workers=1)
+    found = find_strategy(big_mlp, parse_mesh("batch=4,model=2"), A100, source="test", settings=settings,
+                          memory_gib=300 / 1024)
+    assert found.roles is not None and found.roles.source == PROPOSED_SOURCE
+    assert found.origin != "search" and not found.over_memory
+    assert _specs(found) == {"x": ["batch", None], "w1": [None, "model"], "w2": ["model", None]}
 
 
 @pytest.mark.parametrize("extra, message", [

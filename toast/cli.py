@@ -58,6 +58,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     analyze_parser = commands.add_parser("analyze", help="find the colors of a program")
     _add_analysis_options(analyze_parser)
     analyze_parser.add_argument("--json", metavar="FILE", help="write the analysis as JSON to FILE")
+    analyze_parser.add_argument("--propose-roles", metavar="FILE", help="write the roles toast proposes from the "
+                                "analysis (what autoshard and compare use without a roles file) as a roles file")
     explain_parser = commands.add_parser("explain", help="why two dims share a color")
     _add_analysis_options(explain_parser)
     explain_parser.add_argument("dim_a", metavar="DIM_A",
@@ -237,7 +239,8 @@ def _calibrate(options: argparse.Namespace) -> int:
 
 def _output_options(options: argparse.Namespace) -> list[tuple[str, str]]:
     """``(option, path)`` of every file the command was asked to write."""
-    named = (("--json", "json"), ("-o", "output"), ("--emit", "emit"), ("--report", "report"))
+    named = (("--json", "json"), ("-o", "output"), ("--emit", "emit"), ("--report", "report"),
+             ("--propose-roles", "propose_roles"))
     return [(flag, getattr(options, attr)) for flag, attr in named if getattr(options, attr, None)]
 
 
@@ -298,8 +301,12 @@ def _run(options: argparse.Namespace) -> int:
     analysis = analyze(options.input, engine=options.engine, rules=options.rules, variant=options.variant,
                        keep=options.keep, timeout_s=options.timeout, factory_arguments=factory_arguments)
     if options.command == "analyze":
-        if options.json:
-            write_outputs([Output("--json", Path(options.json), json_text(to_json(analysis)))])
+        outputs = [Output("--json", Path(options.json), json_text(to_json(analysis)))] if options.json else []
+        if options.propose_roles:
+            from toast.sharding.propose import propose_roles
+
+            outputs.append(Output("--propose-roles", Path(options.propose_roles), propose_roles(analysis).to_toml()))
+        write_outputs(outputs)
         print(summary(analysis), end="")
         return 0
     if options.command == "shard":
@@ -569,7 +576,7 @@ def _autoshard(options: argparse.Namespace, analysis, mesh, hardware, settings, 
                           progress=progress)
     if progress is not None:
         progress.finish()
-    manual = compare_manual(found, roles) if roles is not None else []
+    manual = compare_manual(found)
     outputs = []
     if options.output:
         outputs.append(Output("-o", Path(options.output), json_text(found.document)))
@@ -592,7 +599,8 @@ def _autoshard(options: argparse.Namespace, analysis, mesh, hardware, settings, 
           f"{settings.lanes} lanes, {result.evaluations} states costed, {result.seconds:.1f} s, seed "
           f"{settings.seed}")
     if found.origin != "search":
-        print(f"  the manual strategy {found.origin} beats what the search found: toast's strategy is {found.origin}")
+        print(f"  the manual strategy {found.origin} ({_roles_text(found.roles)}) beats what the search found: "
+              f"toast's strategy is {found.origin}")
     for tensor in found.document["arguments"]:
         if any(entry is not None for entry in tensor["partition_spec"]):
             print(f"  {tensor['name']}: {tensor['partition_spec']}")
@@ -642,7 +650,7 @@ def _compare(options: argparse.Namespace, analysis, mesh, hardware, settings, pi
             [report_section(result)], title=f"toast compare: {analysis.program.name} on {mesh.spec()}")))
     write_outputs(outputs)
     print(f"{analysis.program.name} on mesh {mesh.spec()} ({hardware.name}, {human_bytes(result.found.device_memory)} "
-          f"per device; roles: {roles.source if roles is not None else 'none, toast only'})")
+          f"per device; roles: {_roles_text(result.found.roles)})")
     print(comparison_table(result), end="")
     mismatched = [row.name for row in result.rows if row.agreement is not None and not row.agreement.numerics.match]
     if mismatched:
@@ -654,6 +662,20 @@ def _compare(options: argparse.Namespace, analysis, mesh, hardware, settings, pi
               f"({_floor_text(result.found)})", file=sys.stderr)
         return 3
     return 0
+
+
+def _roles_text(roles) -> str:
+    """Where the manual strategies' roles come from; proposed ones are listed (``toast analyze --roles``
+    writes them as a roles file to edit)."""
+    from toast.sharding.propose import PROPOSED_SOURCE
+
+    if roles is None:
+        return "none"
+    if roles.source != PROPOSED_SOURCE:
+        return roles.source
+    listed = "; ".join(f"{role} {', '.join(f'{name}:{dim}' for name, dim in pairs[:3])}"
+                       + (f" (+{len(pairs) - 3})" if len(pairs) > 3 else "") for role, pairs in roles.dims.items())
+    return f"{PROPOSED_SOURCE}: {listed or 'none'}"
 
 
 def _floor_text(found) -> str:

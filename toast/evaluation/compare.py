@@ -79,8 +79,8 @@ def compare(analysis, mesh: Mesh, hardware: Hardware, *, source: str, roles: Rol
       mesh: the logical mesh.
       hardware: the accelerator profile.
       source: what the program was read from (recorded in the strategy file).
-      roles: the roles of the manual strategies (``None``: toast's row only); they are candidates for toast's
-        row too (``find_strategy``).
+      roles: the roles of the manual strategies (``None``: proposed from the analysis); they are candidates
+        for toast's row too (``find_strategy``).
       settings: the search's budget and seed.
       memory_gib: memory per device in GiB (default: the profile's HBM).
       pinned: argument name -> PartitionSpec entries toast's search keeps (the manual strategies ignore them).
@@ -95,7 +95,7 @@ def compare(analysis, mesh: Mesh, hardware: Hardware, *, source: str, roles: Rol
     check_host_validation(mesh, validate_on_host=validate_on_host)
     found = find_strategy(analysis, mesh, hardware, source=source, pinned=pinned, settings=settings,
                           memory_gib=memory_gib, microbatches=microbatches, roles=roles, progress=progress)
-    result = comparison_result(found, compare_manual(found, roles) if roles is not None else [])
+    result = comparison_result(found, compare_manual(found))
     if not validate_on_host:
         return result
     return CompareResult(found, tuple(row if row.state is None else dataclasses.replace(

@@ -29,6 +29,7 @@ from toast.search.actions import ActionSpace
 from toast.search.exhaustive import search_score
 from toast.search.mcts import RoundResult, SearchResult, SearchSettings, search
 from toast.sharding.mesh import Mesh, parse_mesh
+from toast.sharding.propose import propose_roles
 from toast.sharding.roles import Roles
 from toast.sharding.state import ShardingModel, ShardingState
 
@@ -122,6 +123,9 @@ class Found:
       origin: ``"search"``, or the manual strategy chosen instead (``"fsdp+megatron"``).
       floor_bytes: no sharding's peak per device is below this: the buffers live at the unsharded program's
         peak, each split over every device.
+      roles: the roles whose manual strategies were candidates: the ones given, else proposed from the
+        analysis (``toast.sharding.propose``; ``roles.source`` says which).
+      searched: the search's own result, whether or not a manual strategy beat it (``result`` otherwise).
     """
 
     model: ShardingModel
@@ -132,6 +136,8 @@ class Found:
     device_memory: float
     origin: str = "search"
     floor_bytes: float = 0.0
+    roles: Roles | None = None
+    searched: SearchResult | None = None
 
     @property
     def over_memory(self) -> bool:
@@ -141,6 +147,7 @@ class Found:
 def find_strategy(analysis, mesh: Mesh, hardware: Hardware, *, source: str,
                   pinned: Mapping[str, Sequence] | None = None, settings: SearchSettings = DEFAULT_SETTINGS,
                   memory_gib: float | None = None, microbatches: int = 1, roles: Roles | None = None,
+                  manual_candidates: bool = True,
                   progress: Callable[[RoundResult, int, float], None] | None = None) -> Found:
     """Search a strategy for an analyzed program (what ``toast autoshard`` and ``autoshard`` run).
 
@@ -156,7 +163,10 @@ def find_strategy(analysis, mesh: Mesh, hardware: Hardware, *, source: str,
       roles: the program's roles: the manual strategies and their combinations that apply (and keep the pins)
         are candidates too, and one that beats the search's strategy (``search_score``: faster, or fitting
         where the search's does not) is returned instead, named in ``Found.origin`` and the file's
-        ``search.origin``.
+        ``search.origin``. ``None`` or roles naming nothing (no roles file): roles proposed from the analysis
+        (``propose_roles``), so the guarantee holds on any program.
+      manual_candidates: ``False``: the search's strategy alone (``Found.roles`` is then ``None``), to judge
+        the search itself.
       progress: called as the search goes (see ``toast.search.mcts.search``).
     """
     if memory_gib is not None and memory_gib <= 0:
@@ -167,10 +177,14 @@ def find_strategy(analysis, mesh: Mesh, hardware: Hardware, *, source: str,
                         stored_parameters=settings.stored_parameters, pinned=pinned)
     costs = CostModel(model, hardware, device_memory=device_memory, microbatches=microbatches)
     costs.prepare(space.partition)
-    result = search(space, costs, settings=settings, progress=progress)
+    result = searched = search(space, costs, settings=settings, progress=progress)
     origin = "search"
-    if roles is not None:
+    if manual_candidates:
+        if roles is None or not roles.dims:
+            roles = propose_roles(analysis)
         result, origin = _best_of_manual(result, model, costs, roles, space)
+    else:
+        roles = None
     from toast.output.strategy_file import strategy_json
 
     over = result.cost.peak_bytes > device_memory
@@ -193,7 +207,7 @@ def find_strategy(analysis, mesh: Mesh, hardware: Hardware, *, source: str,
     }
     document = strategy_json(model, result.state, result.state.actions, result.cost, source=source,
                              hardware=hardware.name, name="toast", search=search_section)
-    return Found(model, space, result, costs, document, device_memory, origin, floor)
+    return Found(model, space, result, costs, document, device_memory, origin, floor, roles, searched)
 
 
 def _best_of_manual(result: SearchResult, model: ShardingModel, costs: CostModel, roles: Roles,
@@ -213,11 +227,12 @@ def _best_of_manual(result: SearchResult, model: ShardingModel, costs: CostModel
     return result, origin
 
 
-def compare_manual(found: Found, roles) -> list[Comparison]:
+def compare_manual(found: Found, roles: Roles | None = None) -> list[Comparison]:
     """Every manual strategy (``toast.STRATEGIES``, then the ``COMPOSITES``) priced under the same model and
-    memory limit; one that does not apply (a role the roles file lacks, an invalid state) has its reason
-    instead of a cost."""
-    return _price_manual(found.model, found.costs, roles)
+    memory limit, from ``roles`` (default: the search's candidates', ``found.roles``); one that does not apply
+    (a role the roles lack, an invalid state) has its reason instead of a cost."""
+    roles = roles if roles is not None else found.roles
+    return _price_manual(found.model, found.costs, roles) if roles is not None else []
 
 
 def _price_manual(model: ShardingModel, costs: CostModel, roles) -> list[Comparison]:

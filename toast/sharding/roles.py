@@ -25,6 +25,7 @@ the batch role (over the file's, if any).
 from __future__ import annotations
 
 import importlib.util
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +66,13 @@ class Roles:
     def get(self, role: str) -> tuple[tuple[str, int], ...]:
         """The ``(pattern, dim)`` pairs of ``role``; empty when the roles lack it."""
         return tuple(self.dims.get(role, ()))
+
+    def to_toml(self) -> str:
+        """The roles as a roles file (``load_roles`` reads it back to equal roles), headed by their source."""
+        lines = [f"# {line}" for line in self.source.splitlines()] + ["[roles]"]
+        lines += [f"{role} = [{', '.join(json.dumps(f'{name}:{dim}') for name, dim in self.dims[role])}]"
+                  for role in ROLE_NAMES if role in self.dims]
+        return "\n".join(lines) + "\n"
 
 
 def _check_role_name(role: str, source: str) -> None:
