@@ -1,0 +1,1 @@
+"""Training-step programs written the way users write them: benchmark inputs for toast."""
