@@ -255,7 +255,8 @@ class CostModel:
         self.buffer_dies = plan.buffer_dies + 2
         self.kernel_position_of_op = np.where(kernel_of_op >= 0, kernel_of_op,
                                               np.minimum(next_kernel, max(kernel_count - 1, 0)))
-        self._kernel_class_cache: tuple[NamePartition, tuple[np.ndarray, np.ndarray]] | None = None
+        self._kernel_class_cache: tuple[NamePartition, tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                                                 int]]] | None = None
         self._moves = np.asarray([span is not None and span.devices > 1 for span in self._mask_spans], dtype=bool)
         self._init_microbatches()
         self.initial = self._absolute(model.initial())
@@ -327,10 +328,12 @@ class CostModel:
         if state.partition is not None:
             # Per class of kernels that move alike (repeated layers' kernels are one class); the sums are of
             # whole bytes (halves at most), so exact in any order.
-            kernel_class, class_moves = self._kernel_classes(state.partition)
+            kernel_class, (move_row, move_class, move_count, rows) = self._kernel_classes(state.partition)
             if class_bytes is None:
                 class_bytes = self.communication.class_bytes(state)
-            moved = (class_moves @ class_bytes.astype(np.float64)).take(kernel_class)
+            # A sparse product (no BLAS: its threads would oversubscribe the search's worker processes).
+            moved = np.bincount(move_row, weights=move_count * class_bytes[move_class], minlength=rows
+                                ).take(kernel_class)
         else:
             bytes_of = value_bytes.astype(np.float64)
             read_kernel, _, read_weight = plan.reads
@@ -359,10 +362,13 @@ class CostModel:
         first such state builds them): a search calls this before its workers fork, so they share them."""
         self._kernel_classes(partition)
 
-    def _kernel_classes(self, partition: NamePartition) -> tuple[np.ndarray, np.ndarray]:
+    def _kernel_classes(self, partition: NamePartition
+                        ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray, int]]:
         """Kernels grouped by the bytes they move in states built on ``partition``: ``(int64[kernels], each
-        kernel's class; float64[kernel classes, byte classes], how many of each byte class (``CommunicationModel.
-        byte_classes``) a kernel of the class moves)``. Kept for the last partition asked for."""
+        kernel's class; (row, byte class, count, rows))``, the sparse matrix of how many of each byte class
+        (``CommunicationModel.byte_classes``) a kernel of a class (row) moves, as ``int64[entries]``,
+        ``int64[entries]``, ``float64[entries]`` and the number of kernel classes. Kept for the last partition
+        asked for."""
         cached = self._kernel_class_cache
         if cached is not None and cached[0] is partition:
             return cached[1]
@@ -386,11 +392,15 @@ class CostModel:
             start, end = int(bounds[k]), int(bounds[k + 1])
             key = (tuple(classes_list[start:end]), tuple(sums_list[start:end]))
             kernel_class[k] = rows.setdefault(key, len(rows))
-        class_moves = np.zeros((len(rows), class_count), dtype=np.float64)
+        move_row, move_class, move_count = [], [], []
         for (row_classes, row_sums), index in rows.items():
-            class_moves[index, list(row_classes)] = row_sums
-        self._kernel_class_cache = (partition, (kernel_class, class_moves))
-        return kernel_class, class_moves
+            move_row += [index] * len(row_classes)
+            move_class += row_classes
+            move_count += row_sums
+        moves = (np.asarray(move_row, dtype=np.int64), np.asarray(move_class, dtype=np.int64),
+                 np.asarray(move_count, dtype=np.float64), len(rows))
+        self._kernel_class_cache = (partition, (kernel_class, moves))
+        return kernel_class, moves
 
     def kernel_times(self, state: ShardingState, value_bytes: np.ndarray | None = None, *,
                      class_bytes: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -535,7 +545,8 @@ class CostModel:
             if (can and row_kind == group_kind and row_mask == group_mask and row_ready < group_due
                     and group_bytes + row_bytes <= threshold):
                 group_bytes += row_bytes
-                group_due = min(group_due, row_due)
+                if row_due < group_due:
+                    group_due = row_due
             else:
                 current += 1
                 group_kind, group_mask, group_bytes, group_due = (row_kind, row_mask, row_bytes, row_due) if can \

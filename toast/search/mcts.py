@@ -37,6 +37,7 @@ ties); each phase starts from the previous one's best state, with an equal share
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -188,6 +189,9 @@ class _LaneResult:
     rollouts: int
     evaluations: int  # states this lane costed that its process had not costed before
     exhausted: bool  # the lane's tree scored every state below its root
+    # The best (score, actions) of each of the lane's trees (one per restart), best first, distinct: the
+    # polish's candidates from other basins than the lane's best.
+    tops: tuple[tuple[float, tuple[int, ...]], ...] = ()
 
 
 class _Memo:
@@ -301,6 +305,8 @@ def _run_lane(space: ActionSpace, memo: _Memo, settings: SearchSettings, task: _
     tree = _Tree(start_key, (), {start_key: _Node(width)})
     done = since_best = restarts = 0
     exhausted = False
+    tops: dict[tuple[int, ...], float] = {}
+    tree_best: tuple[float, tuple[int, ...]] = (math.inf, ())
     while done < task.rollouts:
         if task.deadline is not None and time.monotonic() > task.deadline:
             break
@@ -313,6 +319,8 @@ def _run_lane(space: ActionSpace, memo: _Memo, settings: SearchSettings, task: _
                 break
             restarts += 1
             since_best = 0
+            tops.setdefault(tree_best[1], tree_best[0])
+            tree_best = (math.inf, ())
             # Below the best state when the tree was not there yet; else afresh from the start.
             if best_actions and tuple(best_actions) != tree.prefix and not root.exhausted:
                 replayed = _replay_key(memo, start_key, best_actions)
@@ -398,10 +406,17 @@ def _run_lane(space: ActionSpace, memo: _Memo, settings: SearchSettings, task: _
                 visited.exhausted = True
             else:
                 break
+        if (score, len(taken)) < (tree_best[0], len(tree_best[1])):
+            tree_best = (score, tuple(taken))
         if (score, len(taken)) < (best_score, len(best_actions)):
             best_score, best_actions = score, tuple(taken)
             since_best = 0
-    return _LaneResult(best_score, best_actions, done, len(memo.cache) - evaluated_before, exhausted)
+    tops.setdefault(tree_best[1], tree_best[0])
+    tops[best_actions] = best_score
+    ranked = sorted(((score, actions) for actions, score in tops.items() if score < math.inf),
+                    key=lambda top: (top[0], len(top[1]), top[1]))
+    return _LaneResult(best_score, best_actions, done, len(memo.cache) - evaluated_before, exhausted,
+                       tuple(ranked[:settings.polish_candidates]))
 
 
 def _replay_key(memo: _Memo, key: bytes, actions: tuple[int, ...]) -> bytes:
@@ -448,6 +463,7 @@ class _RefillTask:
     allowed: tuple[int, ...]
     goal: str
     first: tuple[int, ...] | None  # the first step's candidates (None: every allowed action)
+    limit: int | None = None  # states it may score: a step that would pass it is not taken (the first always is)
 
 
 def _refill(space: ActionSpace, memo: _Memo, task: _RefillTask) -> tuple[float, tuple[int, ...], int, int]:
@@ -464,6 +480,8 @@ def _refill(space: ActionSpace, memo: _Memo, task: _RefillTask) -> tuple[float, 
     scored = 1
     candidates = task.allowed if task.first is None else task.first
     while True:
+        if task.limit is not None and scored > 1 and scored + len(candidates) > task.limit:
+            break
         options = [(memo.score(following, task.goal), action) for action in candidates
                    if (following := memo.step(key, action)) is not None]
         scored += len(options)
@@ -518,6 +536,8 @@ def _polish(space: ActionSpace, memo: _Memo, actions: list[int], *, keep: int, a
     scored = 0
     while pending and (deadline is None or time.monotonic() <= deadline) and (budget is None or scored < budget):
         tasks, pending = pending[:chunk], pending[chunk:]
+        if budget is not None:  # each descent stops at its share of what is left (the first step is always taken)
+            tasks = [dataclasses.replace(task, limit=(budget - scored) // len(tasks)) for task in tasks]
         results = pool.map(_worker_refill, tasks, chunksize=1) if pool is not None else [
             _refill(space, memo, task) for task in tasks]
         evaluations += sum(result[2] for result in results)
@@ -639,9 +659,11 @@ def search(space: ActionSpace, costs: CostModel, *, settings: SearchSettings = D
                     cost = memo.cost_of(_replay_key(memo, memo.key(state), leader.actions))
                     progress(RoundResult(phase_index, cost.relative, cost.step_time_s, result.rollouts),
                              total_rollouts, time.monotonic() - start)
-            # The lanes' best trajectories, best first (each once), trimmed and polished: the best of them.
-            candidates = sorted({r.actions: r for r in found}.values(), key=lambda r: (r.score, len(r.actions),
-                                                                                          r.actions))
+            # The lanes' best trajectories and the best of each of their trees, best first (each once), trimmed
+            # and polished: the best of them.
+            tops = {actions: score for r in found for score, actions in ((r.score, r.actions), *r.tops)}
+            candidates = sorted(((score, actions) for actions, score in tops.items()),
+                                key=lambda top: (top[0], len(top[1]), top[1]))
             deadline = None if phase_seconds is None else phase_start_time + phase_seconds
             refined: list[tuple[float, int, list[int]]] = [(best, len(trajectory), trajectory)]
             polished = candidates[:settings.polish_candidates if settings.polish else 1]
@@ -651,7 +673,7 @@ def search(space: ActionSpace, costs: CostModel, *, settings: SearchSettings = D
                 if deadline is not None and time.monotonic() > deadline and rank:
                     break
                 evaluated_before = len(memo.cache)
-                actions, score = _trim(space, memo, trajectory + list(candidate.actions), keep=phase_start,
+                actions, score = _trim(space, memo, trajectory + list(candidate[1]), keep=phase_start,
                                        goal=phase.goal)
                 evaluations += len(memo.cache) - evaluated_before
                 if settings.polish:
