@@ -68,13 +68,15 @@ def main() -> None:
                 settings = SearchSettings(seed=options.seed, rollouts=options.rollouts)
                 found = find_strategy(analysis, toast.parse_mesh(mesh_text), hardware, source=spec, settings=settings,
                                       memory_gib=memory, roles=roles)
-                manual = [row for row in compare_manual(found) if row.cost is not None and not row.over_memory]
+                applies = [row for row in compare_manual(found) if row.cost is not None]
+                manual = [row for row in applies if not row.over_memory]
                 best = min(manual, key=lambda row: row.cost.step_time_s, default=None)
                 cost, searched = found.result.cost, found.searched
                 alone = human_seconds(searched.cost.step_time_s) if searched is not None else "-"
                 over = " **over memory**" if found.over_memory else ""
                 if best is None:
-                    manual_text, ratio, peaks = "none fits", "-", human_bytes(cost.peak_bytes)
+                    manual_text = "none fits" if applies else "none applies"
+                    ratio, peaks = "-", human_bytes(cost.peak_bytes)
                 else:
                     manual_text = f"{best.name} {human_seconds(best.cost.step_time_s)}"
                     ratio = f"{cost.step_time_s / best.cost.step_time_s:.3f}"

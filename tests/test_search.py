@@ -255,6 +255,24 @@ def test_the_rollout_budget_is_spent_unless_the_space_is_exhausted():
     assert result.cost.step_time_s == pytest.approx(float(states.step_time_s[best]))
 
 
+def test_a_polish_descent_stops_at_its_limit():
+    """The polish's descents (``_refill``) score every allowed action at each step; one with a limit takes no
+    step past it (the first step always), so a polish move in a big action space cannot overrun the budget.
+    From the unsharded state, gpt_small's greedy descent takes several steps; limited to one step's worth of
+    states, it takes one."""
+    from toast.search.mcts import _Memo, _refill, _RefillTask
+
+    analysis = analysis_of(GPT)
+    model = ShardingModel(analysis, parse_mesh("batch=2,model=4"))
+    space = ActionSpace(model)
+    memo = _Memo(toast.CostModel(model, load_hardware("h100")), space)
+    allowed = tuple(range(len(space)))
+    _, free_actions, _, free_scored = _refill(space, memo, _RefillTask((), allowed, "runtime", None))
+    _, one_step, _, scored = _refill(space, memo, _RefillTask((), allowed, "runtime", None, limit=len(allowed) + 1))
+    assert len(free_actions) >= 2 and free_scored > len(allowed) + 1
+    assert one_step == free_actions[:1] and scored <= len(allowed) + 1
+
+
 def test_pins_are_kept():
     """Pin the tokens' sequence dim to ``model`` and their batch dim whole (as a data loader might hand them
     over); the result keeps both, whatever else it shards."""

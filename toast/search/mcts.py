@@ -23,12 +23,13 @@ restarts for an early stop). Lanes run in worker processes that share nothing bu
 same seed gives the same strategy on any number of workers (with a rollout budget; a time budget gives each
 wave of lanes its share of the time).
 
-**Polish.** The best trajectories of the lanes (``polish_candidates`` of them, best first) are each improved
-by local search (``_polish``): descend greedily, remove one action and descend again (the descent may pass
-through states over the memory limit: after removing one stored action, the other classes' stored actions
-one at a time), or swap one action for another and descend; the first such move that lowers the score is
-taken, until none does. The best of them is
-the phase's result.
+**Polish.** The lanes' best trajectories, and the best of each of their trees (each restart is a tree: a
+basin other than the lane's best), ``polish_candidates`` of them, best first, are each improved by local
+search (``_polish``): descend greedily, remove one action and descend again (the descent may pass through
+states over the memory limit: after removing one stored action, the other classes' stored actions one at a
+time), or swap one action for another and descend; the first such move that lowers the score is taken,
+until none does or the polish has scored ``polish_budget`` states per rollout (each descent stops at its
+share, so a big action space cannot overrun it). The best of them is the phase's result.
 
 **Phases** (the composite strategies of PartIR): a search may run in phases, each restricted to some mesh
 axes and optimizing ``runtime`` or ``memory`` (peak bytes relative to the unsharded peak, runtime breaking
@@ -93,7 +94,8 @@ class SearchSettings:
         and updated, gathered where used; FSDP).
       polish: after each phase's lanes, improve the best actions by local search (``_polish``); its costings
         come on top of the rollout budget (a time budget bounds them).
-      polish_candidates: how many of the lanes' best trajectories (best first, distinct) are polished.
+      polish_candidates: how many of the lanes' best trajectories and their trees' best (best first,
+        distinct) are polished.
       polish_swaps: the polish also tries swapping each action for each other one (then a descent).
       polish_budget: states the polish may score per rollout of the phase's budget (shared by its candidates;
         with a rollout budget: then the polish's work is bounded in the budget, whatever the program).
@@ -118,7 +120,7 @@ class SearchSettings:
     polish: bool = True
     polish_candidates: int = 4
     polish_swaps: bool = True
-    polish_budget: int = 5
+    polish_budget: int = 10
     phases: tuple[Phase, ...] = (Phase(),)
 
     def to_json(self) -> dict[str, Any]:
