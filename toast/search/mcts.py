@@ -2,7 +2,8 @@
 
 One **rollout** walks a tree from its root: selection among the node's actions (UCT blended with
 all-moves-as-first values, RAVE), down to a state not yet in the tree, then a random default policy (stop
-with probability ``stop_probability`` at each step, at most ``max_depth`` actions in all), and scores the
+with probability ``stop_probability`` at each step, but never at a state over the memory limit; at most
+``max_depth`` actions in all), and scores the
 final state (``search_score``: its step time relative to the unsharded program's where it fits the memory
 limit; a state over the limit never beats one that fits). Its reward ``-(score + length_penalty * depth)``
 prefers shorter trajectories among equally good ones; it is backed up along the tree path, and into the
@@ -83,7 +84,8 @@ class SearchSettings:
       exploration: UCT's exploration constant (rewards are minus relative step times).
       rave: how many visits of an action at a node its all-moves-as-first value weighs as much as its own
         (RAVE's equivalence parameter).
-      stop_probability: chance that the default policy stops at each step.
+      stop_probability: chance that the default policy stops at each step (at a state that fits the memory
+        limit: under a limit that binds, short random rollouts would rarely end in a state that fits).
       length_penalty: reward subtracted per action (prefers shorter trajectories).
       patience: rollouts in a row without a better state before a lane restarts its tree (below its best
         state, or afresh).
@@ -377,8 +379,12 @@ def _run_lane(space: ActionSpace, memo: _Memo, settings: SearchSettings, task: _
                 tree.nodes[child] = _Node(width)
                 break
             node = child_node
-        # Default policy: random valid actions, stopping with probability stop_probability at each step.
-        while not stopped and len(taken) < settings.max_depth and rng.random() >= settings.stop_probability:
+        # Default policy: random valid actions, stopping with probability stop_probability at each step, but
+        # not at a state over the memory limit (no sharding that stops there fits: one more action may).
+        while not stopped and len(taken) < settings.max_depth:
+            if rng.random() < settings.stop_probability and (
+                    task.goal != "runtime" or memo.score(key, task.goal) < OVER_MEMORY):
+                break
             for _attempt in range(8):
                 action = allowed[int(rng.integers(0, len(allowed)))]
                 following = memo.step(key, action)
