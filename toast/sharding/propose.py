@@ -31,8 +31,10 @@ shards colors, so one name per color says all, and the proposal stays short enou
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 
 from toast.analysis.named_dimensions import Analysis
+from toast.frontend.ir import Program
 from toast.sharding.roles import Roles
 from toast.sharding.strategies import update_chains
 
@@ -91,7 +93,8 @@ def propose_roles(analysis: Analysis) -> Roles:
                   for role, pairs in roles.items()}, source=PROPOSED_SOURCE)
 
 
-def _argument_order(program):
+def _argument_order(program: Program) -> Callable[[tuple[int, int]], tuple[int, int]]:
+    """Sort key of ``(argument value id, dim)`` pairs: the arguments' order in the program, then the dim."""
     position = {v: index for index, v in enumerate(program.arguments)}
     return lambda pair: (position[pair[0]], pair[1])
 
