@@ -447,6 +447,7 @@ def test_without_roles_the_proposed_roles_give_the_manual_candidates(big_mlp):
     (["--rollouts", "0"], "--rollouts 0: give a positive number of rollouts"),
     (["--patience", "0"], "--patience 0: give 1 or more rollouts"),
     (["--restarts", "-1"], "--restarts -1: give 0 or more"),
+    (["--roles", "missing.roles.toml"], "missing.roles.toml: no such roles file"),
     (["--memory", "-1"], "--memory -1: give the memory per device in GiB"),
     (["--pin", "x=nope,"], "nope"),
     (["--pin", "x"], "expected NAME=AXES"),

@@ -569,6 +569,8 @@ def _autoshard(options: argparse.Namespace, analysis, mesh, hardware, settings, 
     try:
         roles = roles_for_input(options.input, roles_path=options.roles)
     except ToastError:
+        if options.roles:
+            raise  # a roles file the user names must be read, not replaced by proposed roles
         roles = None
     progress = _Progress(sys.stderr) if sys.stderr.isatty() else None
     found = find_strategy(analysis, mesh, hardware, source=options.input, pinned=pins, settings=settings,
@@ -665,8 +667,8 @@ def _compare(options: argparse.Namespace, analysis, mesh, hardware, settings, pi
 
 
 def _roles_text(roles) -> str:
-    """Where the manual strategies' roles come from; proposed ones are listed (``toast analyze --roles``
-    writes them as a roles file to edit)."""
+    """Where the manual strategies' roles come from; proposed ones are listed (``toast analyze
+    --propose-roles FILE`` writes them as a roles file to edit)."""
     from toast.sharding.propose import PROPOSED_SOURCE
 
     if roles is None:
