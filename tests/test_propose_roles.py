@@ -77,3 +77,11 @@ def test_cli_writes_the_proposed_roles_and_compare_uses_them(tmp_path, capsys, m
     assert f"roles: {PROPOSED_SOURCE}: batch x:0; mlp w1:1" in out
     megatron = next(line for line in out.splitlines() if line.startswith("| megatron |"))
     assert "does not apply" not in megatron
+
+
+def test_two_outputs_on_one_path_are_refused_before_the_analysis(tmp_path, capsys):
+    path = str(tmp_path / "same.toml")
+    assert main(["analyze", "toast.examples.mlp:mlp", "--json", path, "--propose-roles", path]) == 2
+    err = capsys.readouterr().err
+    assert f"--json and --propose-roles both name {path}" in err and err.count("\n") == 1
+    assert not (tmp_path / "same.toml").exists()

@@ -256,8 +256,12 @@ def _run(options: argparse.Namespace) -> int:
     if options.command == "calibrate":
         return _calibrate(options)
     # Every file the command will write is checked before any work (and written all or none).
+    named: dict[Path, str] = {}
     for option, path in _output_options(options):
         check_output(path, option=option)
+        same = named.setdefault(Path(path).resolve(), option)
+        if same != option:
+            raise ToastError(f"{same} and {option} both name {path}: give each output its own file")
     factory_arguments = {name: value for entry in options.arg for name, value in parse_factory_arguments(entry).items()}
     if options.command == "explain":
         dims = (_check_dim(options.dim_a), _check_dim(options.dim_b))
