@@ -534,10 +534,13 @@ def _polish(space: ActionSpace, memo: _Memo, actions: list[int], *, keep: int, a
                         tuple(a for a in allowed if a != actions[p]))
             for p in positions]
         if swaps:
-            # Then each swap of one action for another, and a descent (one stored action for another
-            # class's, say, where neither alone is a step down).
-            found += [_RefillTask(tuple(actions[:p] + actions[p + 1:] + [a]), allowed, goal, None)
-                      for p in positions for a in allowed if a not in actions]
+            # Then each swap of one action for another, and a descent: first the swaps that move an action's
+            # colors to another mesh axis (under a tight memory limit the states that fit split nearly every
+            # class on some axis, and which axis each takes is what a random trajectory gets wrong), then the
+            # others (one stored action for another class's, where neither alone is a step down).
+            pairs = [(p, a) for p in positions for a in allowed if a not in actions]
+            pairs.sort(key=lambda pair: space.actions[pair[1]].colors != space.actions[actions[pair[0]]].colors)
+            found += [_RefillTask(tuple(actions[:p] + actions[p + 1:] + [a]), allowed, goal, None) for p, a in pairs]
         return found
 
     pending = moves()
