@@ -176,8 +176,6 @@ def test_a_role_naming_no_argument(user, tmp_path, capsys):
      "strategy 'fsdp' needs role 'batch', which {roles} does not name; give it in --roles FILE or --batch ARG:DIM"),
     (None, ["--batch", "x"], "--batch: 'x' should be NAME:DIM, e.g. x:0"),
     (None, ["--batch", "x:0.5"], "--batch: 'x:0.5': dim '0.5' is not an integer >= 0"),
-    (None, [], "strategy 'data_parallel' needs role 'batch': no roles file for {mlir}; give it in --roles FILE "
-     "or --batch ARG:DIM"),
     (None, ["--roles", "no_such.toml"], "no_such.toml: no such roles file"),
     (None, ["--batch", "x:0", "--strategy", "megatron"], "needs role 'heads' or 'mlp', which --batch x:0 does not"),
 ])
@@ -193,6 +191,32 @@ def test_bad_roles_fail_in_one_line_before_the_analysis(content, argv, message, 
         argv = ["--roles", str(roles), *argv]
     assert main(["shard", user.mlir, *MESH, "-o", str(out), *argv]) == 2
     assert message.format(roles=roles, mlir=user.mlir) in _one_error_line(capsys)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("strategy", ["data_parallel", "megatron", "fsdp"])
+def test_without_roles_a_strategy_uses_roles_proposed_from_the_analysis(strategy, user, tmp_path, capsys):
+    """No roles file and no ``--batch``: ``toast shard`` and ``toast cost`` propose roles from the analysis
+    and say so. Batch: ``x``'s dim 0 (the float input no update returns); mlp: ``w1``'s dim 1, which only the
+    ``@ w2`` contraction sums. No heads: this attention has one head, and the dim the file calls heads
+    (``wq``'s dim 1) is summed by ``q @ k``; so Megatron splits the MLP alone."""
+    out = tmp_path / "s.json"
+    assert main(["shard", user.mlir, "--engine", "embedded", *MESH, "--strategy", strategy, "-o", str(out)]) == 0
+    assert "roles proposed from the analysis: batch x:0" in capsys.readouterr().out
+    expected = EXPECTED_SPECS[strategy] if strategy != "megatron" else {
+        **REPLICATED, "params['w1']": [None, "model"], "params['w2']": ["model", None], "x": ["batch", None, None]}
+    assert _specs(out) == expected
+    assert main(["cost", user.mlir, "--engine", "embedded", *MESH, "--strategy", strategy, "--hardware",
+                 "h100"]) == 0
+    assert f"strategy {strategy} (roles proposed from the analysis: batch x:0" in capsys.readouterr().out
+
+
+def test_proposed_roles_that_lack_a_role_fail_in_one_line(user, tmp_path, capsys):
+    """The user's program has no integer input to propose a sequence dim from: one line, nothing written."""
+    out = tmp_path / "s.json"
+    assert main(["shard", user.mlir, "--engine", "embedded", *MESH, "--strategy", "sequence", "-o", str(out)]) == 2
+    assert ("strategy 'sequence' needs role 'sequence'; the roles proposed from the analysis lack it; give it in "
+            "--roles FILE") in _one_error_line(capsys)
     assert not out.exists()
 
 

@@ -274,7 +274,8 @@ def _run(options: argparse.Namespace) -> int:
         mesh = parse_mesh(options.mesh)  # bad input fails before the analysis
         hardware = load_hardware(options.hardware)
         roles = roles_for_input(options.input, roles_path=options.roles, batch=options.batch)
-        check_strategy(options.strategy, roles=roles, mesh=mesh)
+        # Without any roles, they are proposed from the analysis (and checked then).
+        check_strategy(options.strategy, roles=roles if roles.dims else None, mesh=mesh)
     if options.command == "cost":
         cost_plan = _cost_plan(options)  # bad input fails before the analysis
     if options.command in ("autoshard", "compare"):
@@ -350,6 +351,7 @@ def _shard(options: argparse.Namespace, analysis, mesh, hardware, roles) -> int:
     from toast.sharding.strategies import manual_strategy
 
     model = ShardingModel(analysis, mesh)
+    roles = _roles_or_proposed(options.strategy, roles, analysis, mesh)
     state, actions = manual_strategy(model, options.strategy, roles)
     donate = tuple(range(len(analysis.program.arguments))) if options.donate else ()
     cost = CostModel(model, hardware, donate=donate).evaluate(state)
@@ -368,7 +370,7 @@ def _shard(options: argparse.Namespace, analysis, mesh, hardware, roles) -> int:
         key = f"{collective.kind} over {'+'.join(collective.axes)}"
         kinds[key] = kinds.get(key, 0) + 1
     print(f"{analysis.program.name}: strategy {options.strategy} on mesh {mesh.spec()} ({hardware.name}), "
-          f"{len(actions)} actions, roles from {roles.source}")
+          f"{len(actions)} actions, {_roles_origin(roles)}")
     print(f"step time {human_seconds(cost.step_time_s)} ({cost.kernels} kernels), peak memory "
           f"{human_bytes(cost.peak_bytes)} per device")
     print("  " + ", ".join(f"{key.removesuffix('_s').replace('_', ' ')} {human_seconds(seconds)}"
@@ -409,7 +411,8 @@ def _cost_plan(options: argparse.Namespace):
     if mesh is None:
         raise ToastError(f"--strategy {strategy} needs --mesh, e.g. --mesh batch=4,model=2")
     roles = roles_for_input(options.input, roles_path=options.roles)
-    check_strategy(strategy, roles=roles, mesh=mesh)
+    # Without any roles, they are proposed from the analysis (and checked then).
+    check_strategy(strategy, roles=roles if roles.dims else None, mesh=mesh)
     return hardware, mesh, strategy, roles, None
 
 
@@ -428,9 +431,10 @@ def _cost(options: argparse.Namespace, analysis, hardware, mesh, strategy, roles
         donate = tuple(document.get("donate", ()))
         label = f"strategy file {options.strategy}"
     elif strategy is not None:
+        roles = _roles_or_proposed(strategy, roles, analysis, mesh)
         state, _ = manual_strategy(model, strategy, roles)
         donate = ()
-        label = f"strategy {strategy}"
+        label = f"strategy {strategy} ({_roles_origin(roles)})"
     else:
         state, donate, label = model.initial(), (), "unsharded"
     if options.donate:
@@ -668,6 +672,26 @@ def _compare(options: argparse.Namespace, analysis, mesh, hardware, settings, pi
               f"({_floor_text(result.found)})", file=sys.stderr)
         return 3
     return 0
+
+
+def _roles_or_proposed(strategy: str, roles, analysis, mesh):
+    """``roles``, or where none were given (no roles file, no ``--batch``), roles proposed from the analysis
+    (``toast.sharding.propose``), checked against what ``strategy`` needs."""
+    from toast.sharding.propose import propose_roles
+    from toast.sharding.strategies import check_strategy
+
+    if roles.dims:
+        return roles
+    proposed = propose_roles(analysis)
+    check_strategy(strategy, roles=proposed, mesh=mesh)
+    return proposed
+
+
+def _roles_origin(roles) -> str:
+    """``roles from FILE``, or the proposed roles listed (``_roles_text``)."""
+    from toast.sharding.propose import PROPOSED_SOURCE
+
+    return _roles_text(roles) if roles.source == PROPOSED_SOURCE else f"roles from {roles.source}"
 
 
 def _roles_text(roles) -> str:

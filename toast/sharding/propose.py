@@ -35,10 +35,8 @@ from collections.abc import Callable
 
 from toast.analysis.named_dimensions import Analysis
 from toast.frontend.ir import Program
-from toast.sharding.roles import Roles
+from toast.sharding.roles import PROPOSED_SOURCE, Roles
 from toast.sharding.strategies import update_chains
-
-PROPOSED_SOURCE = "roles proposed from the analysis"
 
 
 def propose_roles(analysis: Analysis) -> Roles:

@@ -37,6 +37,8 @@ from toast.toml_files import read_toml
 ROLE_NAMES = ("batch", "heads", "mlp", "sequence")
 ROLES_SUFFIX = ".roles.toml"
 
+PROPOSED_SOURCE = "roles proposed from the analysis"  # Roles.source of toast.sharding.propose's roles
+
 
 @dataclass(frozen=True, slots=True)
 class Roles:

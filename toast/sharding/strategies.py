@@ -37,7 +37,7 @@ import numpy as np
 from toast.analysis.named_dimensions import Analysis
 from toast.errors import ToastError
 from toast.sharding.mesh import Mesh
-from toast.sharding.roles import Roles
+from toast.sharding.roles import PROPOSED_SOURCE, Roles
 from toast.sharding.state import Action, InvalidState, ShardingModel, ShardingState, ShardNodes
 
 # Strategy -> the roles it needs: one role of each tuple.
@@ -57,8 +57,9 @@ MODEL_AXIS_NAMES = ("model", "tensor", "tp", "mp")
 SEQUENCE_AXIS_NAMES = ("sequence", "seq", "sp", "context", *MODEL_AXIS_NAMES)
 
 
-def check_strategy(name: str, *, roles: Roles, mesh: Mesh) -> None:
-    """Fail early, before any analysis, when strategy ``name`` cannot run with ``roles`` on ``mesh``.
+def check_strategy(name: str, *, roles: Roles | None, mesh: Mesh) -> None:
+    """Fail early, before any analysis, when strategy ``name`` cannot run with ``roles`` on ``mesh``
+    (``roles=None``: roles to be proposed from the analysis, so only the name and the mesh are checked).
 
     Raises:
       ToastError: one line: an unknown strategy, a one-axis mesh for a strategy that needs two,
@@ -67,12 +68,15 @@ def check_strategy(name: str, *, roles: Roles, mesh: Mesh) -> None:
     parts = strategy_parts(name)
     if any(part in TWO_AXES for part in parts) and len(mesh.names) < 2:
         raise ToastError(f"strategy '{name}' needs a mesh with two axes, e.g. batch=4,model=2")
+    if roles is None:
+        return
     needs = dict.fromkeys(alternatives for part in parts for alternatives in NEEDS[part])
     for alternatives in needs:
         if not any(roles.get(role) for role in alternatives):
             wanted = " or ".join(f"'{role}'" for role in alternatives)
             where = "--roles FILE or --batch ARG:DIM" if alternatives == ("batch",) else "--roles FILE"
-            given = f", which {roles.source} does not name" if roles.dims else f": {roles.source}"
+            given = (f": {roles.source}" if not roles.dims else "; the roles proposed from the analysis lack it"
+                     if roles.source == PROPOSED_SOURCE else f", which {roles.source} does not name")
             raise ToastError(f"strategy '{name}' needs role {wanted}{given}; give it in {where}")
 
 
