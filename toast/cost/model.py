@@ -427,11 +427,10 @@ class CostModel:
         kind, axes_mask, value, op, operand = (table.kind[moving], table.axes_mask[moving], table.value[moving],
                                                table.op[moving], table.operand[moving])
         nbytes = np.where(kind == ALL_GATHER, table.bytes_out[moving], table.bytes_in[moving]).astype(np.float64)
-        durations = self._durations(kind, axes_mask, nbytes)
         # Collectives inside a loop body run there, exposed; the others go on the communication stream, combined
         # as XLA's combiners combine them.
         in_loop = self.op_in_loop[op]
-        repeated = durations[in_loop] * self.op_repeats[op[in_loop]]
+        repeated = self._durations(kind[in_loop], axes_mask[in_loop], nbytes[in_loop]) * self.op_repeats[op[in_loop]]
         np.add.at(item_time, self.item_of_op[op[in_loop]], repeated)  # in order, as a loop adds
         in_loops = _sequential_sum(repeated)
         loop_masks = axes_mask[in_loop]
