@@ -75,8 +75,8 @@ def check_strategy(name: str, *, roles: Roles | None, mesh: Mesh) -> None:
         if not any(roles.get(role) for role in alternatives):
             wanted = " or ".join(f"'{role}'" for role in alternatives)
             where = "--roles FILE or --batch ARG:DIM" if alternatives == ("batch",) else "--roles FILE"
-            given = (f": {roles.source}" if not roles.dims else "; the roles proposed from the analysis lack it"
-                     if roles.source == PROPOSED_SOURCE else f", which {roles.source} does not name")
+            given = ("; the roles proposed from the analysis lack it" if roles.source == PROPOSED_SOURCE
+                     else f", which {roles.source} does not name" if roles.dims else f": {roles.source}")
             raise ToastError(f"strategy '{name}' needs role {wanted}{given}; give it in {where}")
 
 
