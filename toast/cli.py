@@ -675,16 +675,14 @@ def _compare(options: argparse.Namespace, analysis, mesh, hardware, settings, pi
 
 
 def _roles_or_proposed(strategy: str, roles, analysis, mesh):
-    """``roles``, or where none were given (no roles file, no ``--batch``), roles proposed from the analysis
-    (``toast.sharding.propose``), checked against what ``strategy`` needs."""
-    from toast.sharding.propose import propose_roles
+    """``roles``, or where none were given, roles proposed from the analysis; checked against what
+    ``strategy`` needs (given roles were checked before the analysis: proposed ones can be only now)."""
+    from toast.sharding.propose import roles_or_proposed
     from toast.sharding.strategies import check_strategy
 
-    if roles.dims:
-        return roles
-    proposed = propose_roles(analysis)
-    check_strategy(strategy, roles=proposed, mesh=mesh)
-    return proposed
+    roles = roles_or_proposed(roles, analysis)
+    check_strategy(strategy, roles=roles, mesh=mesh)
+    return roles
 
 
 def _roles_origin(roles) -> str:

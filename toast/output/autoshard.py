@@ -29,7 +29,7 @@ from toast.search.actions import ActionSpace
 from toast.search.exhaustive import search_score
 from toast.search.mcts import RoundResult, SearchResult, SearchSettings, search
 from toast.sharding.mesh import Mesh, parse_mesh
-from toast.sharding.propose import propose_roles
+from toast.sharding.propose import roles_or_proposed
 from toast.sharding.roles import Roles
 from toast.sharding.state import ShardingModel, ShardingState
 
@@ -180,8 +180,7 @@ def find_strategy(analysis, mesh: Mesh, hardware: Hardware, *, source: str,
     result = searched = search(space, costs, settings=settings, progress=progress)
     origin = "search"
     if manual_candidates:
-        if roles is None or not roles.dims:
-            roles = propose_roles(analysis)
+        roles = roles_or_proposed(roles, analysis)
         result, origin = _best_of_manual(result, model, costs, roles, space)
     else:
         roles = None

@@ -1,15 +1,14 @@
 """Monte Carlo Tree Search over the action space (TOAST section 4.1), guided by the cost model.
 
 One **rollout** walks a tree from its root: selection among the node's actions (UCT blended with
-all-moves-as-first values, RAVE), down to a state not yet in the tree, then a random default policy (stop
-with probability ``stop_probability`` at each step, but never at a state over the memory limit; at most
-``max_depth`` actions in all), and scores the
-final state (``search_score``: its step time relative to the unsharded program's where it fits the memory
-limit; a state over the limit never beats one that fits). Its reward ``-(score + length_penalty * depth)``
-prefers shorter trajectories among equally good ones; it is backed up along the tree path, and into the
-all-moves-as-first statistics of every action the rollout took below each node. A sharding is a set of
-actions whose order matters little, so those statistics let a rollout go below a node before it has tried
-every action there.
+all-moves-as-first values, RAVE), down to a state not yet in the tree, then a random default policy (stop with
+probability ``stop_probability`` at each step, but never at a state over the memory limit; at most
+``max_depth`` actions in all), and scores the final state (``search_score``: its step time relative to the
+unsharded program's where it fits the memory limit; a state over the limit never beats one that fits). Its
+reward ``-(score + length_penalty * depth)`` prefers shorter trajectories among equally good ones; it is
+backed up along the tree path, and into the all-moves-as-first statistics of every action the rollout took
+below each node. A sharding is a set of actions whose order matters little, so those statistics let a rollout
+go below a node before it has tried every action there.
 
 States are keyed by the sharding itself (its atoms' masks, ``ActionSpace.step``): any action order that
 reaches the same sharding is the same node of the tree, and no state is costed twice (a cost cache). A node
@@ -24,13 +23,13 @@ restarts for an early stop). Lanes run in worker processes that share nothing bu
 same seed gives the same strategy on any number of workers (with a rollout budget; a time budget gives each
 wave of lanes its share of the time).
 
-**Polish.** The lanes' best trajectories, and the best of each of their trees (each restart is a tree: a
-basin other than the lane's best), ``polish_candidates`` of them, best first, are each improved by local
-search (``_polish``): descend greedily, remove one action and descend again (the descent may pass through
-states over the memory limit: after removing one stored action, the other classes' stored actions one at a
-time), or swap one action for another and descend; the first such move that lowers the score is taken,
-until none does or the polish has scored ``polish_budget`` states per rollout (each descent stops at its
-share, so a big action space cannot overrun it). The best of them is the phase's result.
+**Polish.** The lanes' best trajectories, and the best of each of their trees (each restart is a tree: a basin
+other than the lane's best), ``polish_candidates`` of them, best first, are each improved by local search
+(``_polish``): descend greedily, remove one action and descend again (the descent may pass through states over
+the memory limit: after removing one stored action, the other classes' stored actions one at a time), or swap
+one action for another (moving an action to another mesh axis first) and descend; the first such move that
+lowers the score is taken, until none does or the polish has scored ``polish_budget`` states per rollout (each
+descent stops at its share, so a big action space cannot overrun it). The best of them is the phase's result.
 
 **Phases** (the composite strategies of PartIR): a search may run in phases, each restricted to some mesh
 axes and optimizing ``runtime`` or ``memory`` (peak bytes relative to the unsharded peak, runtime breaking

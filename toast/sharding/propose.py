@@ -39,6 +39,12 @@ from toast.sharding.roles import PROPOSED_SOURCE, Roles
 from toast.sharding.strategies import update_chains
 
 
+def roles_or_proposed(roles: Roles | None, analysis: Analysis) -> Roles:
+    """``roles`` where they name any dim; else (no roles file, an empty one, no ``--batch``) the roles
+    ``propose_roles`` reads off ``analysis``."""
+    return roles if roles is not None and roles.dims else propose_roles(analysis)
+
+
 def propose_roles(analysis: Analysis) -> Roles:
     """Roles for ``analysis``'s program read off its colors (the module docstring says how).
 
