@@ -1,8 +1,8 @@
 """The package layout shows the data path: no stage imports a later one, and no module cycles.
 
-Stages in data-path order (ARCHITECTURE.md). ``toast.errors``, ``toast.resources`` and ``toast.toml_files``
-are shared by every stage and import no stage; ``toast.examples`` are inputs and import no stage but the
-frontend's factory resolver; ``toast/__init__.py`` re-exports every stage's public API.
+Stages in data-path order (ARCHITECTURE.md). ``toast.errors``, ``toast.processes``, ``toast.resources`` and
+``toast.toml_files`` are shared by every stage and import no stage; ``toast.examples`` are inputs and import no
+stage but the frontend's factory resolver; ``toast/__init__.py`` re-exports every stage's public API.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import toast
 
 STAGES = ("frontend", "facts", "datalog", "analysis", "sharding", "cost", "search", "output", "xla", "evaluation",
           "cli")
-SHARED = ("errors", "resources", "toml_files")
+SHARED = ("errors", "processes", "resources", "toml_files")
 PACKAGE = Path(toast.__file__).parent
 
 

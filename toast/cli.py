@@ -6,13 +6,27 @@ Problems the user can fix print one line ``toast: error: ...`` and exit 2; no tr
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
 from toast.errors import ToastError
+from toast.processes import Terminated, sigterm_as_interrupt
+
+
+def _positive_seconds(text: str) -> float:
+    """An option's number of seconds: finite and above 0 (argparse reports the error in one line)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number of seconds") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"'{text}': give a finite number of seconds above 0")
+    return value
 
 
 def _add_analysis_options(parser: argparse.ArgumentParser) -> None:
@@ -131,6 +145,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                               "(default: one per core)")
     sweep_parser.add_argument("--report", metavar="FILE", help="write an HTML report (the summary, then every "
                               "job's comparison) to FILE")
+    sweep_parser.add_argument("--job-timeout", type=_positive_seconds, metavar="SECONDS", help="stop a job that "
+                              "runs longer and record it as timed out (default: no limit)")
     sweep_parser.add_argument("--ray", nargs="?", const="auto", metavar="ADDRESS", help="run the jobs as tasks on "
                               "a Ray cluster: ADDRESS, or the one `ray start --head` runs here (auto); 'local' "
                               "starts one for this run")
@@ -160,13 +176,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     # XLA's client logs its device count at INFO on stderr; keep stderr for toast's own lines.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     try:
-        return _run(options)
+        with sigterm_as_interrupt():
+            return _run(options)
     except ToastError as err:
         print(f"toast: error: {err}", file=sys.stderr)
         return 2
+    except Terminated:
+        print("toast: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         print("toast: interrupted", file=sys.stderr)
-        return 130
+        return 128 + signal.SIGINT
 
 
 def _calibrate(options: argparse.Namespace) -> int:
@@ -734,7 +754,8 @@ def _sweep(options: argparse.Namespace) -> int:
         from toast.output.files import check_output
 
         check_output(options.report, option="--report")
-    records = sweep(plan.jobs, options.output, workers=options.jobs, ray_address=options.ray, progress=progress)
+    records = sweep(plan.jobs, options.output, workers=options.jobs, ray_address=options.ray,
+                    job_timeout=options.job_timeout, progress=progress)
     if options.report:
         from toast.evaluation.report import report_html
         from toast.evaluation.sweep import summary_row

@@ -14,31 +14,40 @@ A sweep file is TOML::
 
 Every combination is a job, named by its settings (``Job.key``). A job writes ``DIR/jobs/<key>.json``: its
 settings and either its comparison (``toast compare``'s JSON: toast's strategy file and every manual
-strategy's cost) or its error. A job that fails (an unknown model, a mesh the program cannot take) is
-recorded with its error and the others go on; a rerun skips every job whose file exists. After the jobs,
-``DIR/summary.csv`` and ``DIR/summary.md`` have one row per job, in the sweep's order.
+strategy's cost) or its error. A job that fails (an unknown model, a mesh the program cannot take), crashes,
+is killed (out of memory), calls ``sys.exit`` or runs past ``--job-timeout`` is recorded with its reason and
+the others go on; a rerun skips every job whose record exists (and reruns one it cannot read). After the
+jobs, and also when the sweep is stopped (Ctrl-C, SIGTERM), ``DIR/summary.csv`` and ``DIR/summary.md`` have
+one row per job, in the sweep's order (``not run`` for a stopped sweep's remaining jobs). One sweep at a time
+writes a folder (``DIR/.lock``).
 
-Jobs run in parallel: in worker processes on the local cores (``jobs``), or with ``ray_address`` as Ray tasks
-(``"auto"`` or ``"ray://..."``: a running cluster; ``"local"``: one started in this process). Each job's search
-runs in its own process on one core, so the results do not depend on where the jobs ran.
+Jobs run in parallel: in worker processes on the local cores (``jobs``; always at least one, so a job never
+takes the sweep down with it), or with ``ray_address`` as Ray tasks (``"auto"`` or ``"ray://..."``: a running
+cluster; ``"local"``: one started in this process). Each job's search runs in its own process on one core, so
+the results do not depend on where the jobs ran. The workers follow ``toast.processes``: they ignore Ctrl-C
+and die with the sweep.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import itertools
 import json
+import math
 import os
 import re
+import signal
 import time
 import tomllib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from toast.errors import InputError, ToastError
+from toast.processes import worker_setup, workers_starting
 
 SUMMARY_FIELDS = ("job", "model", "mesh", "hardware", "memory_gib", "seed", "status", "toast_step_time_s",
                   "toast_peak_bytes", "toast_over_memory", "best_manual", "best_manual_step_time_s",
@@ -159,6 +168,8 @@ def run_job(job: Job) -> dict[str, Any]:
         record.update(status="ok", comparison=comparison_json(result), report=report_section(result))
     except (ToastError, ValueError) as err:  # ValueError: a factory's own check of its sizes
         record.update(status="error", error=_first_line(err))
+    except SystemExit as err:  # a factory's sys.exit(): this job ends, the sweep goes on
+        record.update(status="error", error=f"the job called sys.exit({err.code!r})")
     except Exception as err:  # noqa: BLE001 - one job's failure must not stop the sweep; it is in its row
         record.update(status="error", error=f"internal error: {type(err).__name__}: {_first_line(err)}")
     record["job_seconds"] = time.perf_counter() - start
@@ -185,64 +196,227 @@ def _analysis(source: str, analyze: Callable[..., Any]):
 
 
 def sweep(jobs: Sequence[Job], out_dir: str | Path, *, workers: int = 0, ray_address: str | None = None,
+          job_timeout: float | None = None,
           progress: Callable[[dict[str, Any], int, int], None] | None = None) -> list[dict[str, Any]]:
     """Run the jobs whose record ``out_dir`` lacks, write each record as it arrives, then the summaries.
+
+    Each job runs in a worker process: a job that crashes, is killed (out of memory), calls ``sys.exit``
+    or passes ``job_timeout`` is recorded as failed with the reason, and the others go on. The summaries
+    are written whatever happens (an interrupted sweep's jobs not run are rows saying so); the folder is
+    locked while a sweep writes it.
 
     Args:
       jobs: the jobs, in the summary's order.
       out_dir: the folder of ``jobs/<key>.json``, ``summary.csv`` and ``summary.md``.
       workers: local worker processes (``0``: one per core); ignored with ``ray_address``.
       ray_address: run the jobs as Ray tasks on this cluster (``"local"``: start one in this process).
+      job_timeout: seconds a local job may run before it is stopped and recorded as timed out (``None``:
+        no limit).
       progress: called with ``(record, done, total)`` after each job that ran.
 
     Returns:
       Every job's record, in ``jobs`` order (the ones that existed read back).
 
     Raises:
-      ToastError: two jobs with one key, or Ray asked for and not installed.
+      ToastError: two jobs with one key, another sweep writing ``out_dir``, a folder that cannot be
+        written, or Ray asked for and not installed.
+      KeyboardInterrupt: Ctrl-C or SIGTERM (``toast.processes.Terminated``); the workers are stopped and
+        the summaries written first.
     """
     out = Path(out_dir)
     keys = [job.key for job in jobs]
     if len(set(keys)) < len(keys):
         duplicate = next(key for key in keys if keys.count(key) > 1)
         raise ToastError(f"the sweep has job {duplicate} twice")
+    if job_timeout is not None and not (math.isfinite(job_timeout) and job_timeout > 0):
+        raise ToastError(f"a job timeout of {job_timeout:g} s: give a number of seconds above 0")
     folder = out / "jobs"
-    folder.mkdir(parents=True, exist_ok=True)
-    todo = [job for job in jobs if not (folder / f"{job.key}.json").exists()]
-    done = 0
-    for record in _run(todo, workers=workers, ray_address=ray_address):
-        _write_json(folder / f"{record['job']}.json", record)
-        done += 1
-        if progress is not None:
-            progress(record, done, len(todo))
-    records = [json.loads((folder / f"{key}.json").read_text()) for key in keys]
-    rows = [summary_row(record) for record in records]
-    _write_text(out / "summary.csv", summary_csv(rows))
-    _write_text(out / "summary.md", summary_markdown(rows))
-    return records
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ToastError(f"-o {out}: cannot make the sweep's folder: {err.strerror}") from None
+    with _locked(out):
+        records = {key: _read_record(folder / f"{key}.json") for key in keys}
+        todo = [job for job in jobs if records[job.key] is None]
+        done = 0
+        try:
+            with contextlib.closing(_run(todo, workers=workers, ray_address=ray_address,
+                                         job_timeout=job_timeout)) as results:
+                for record in results:
+                    _write_json(folder / f"{record['job']}.json", record)
+                    records[record["job"]] = record
+                    done += 1
+                    if progress is not None:
+                        progress(record, done, len(todo))
+        finally:
+            found = [records[job.key] or _not_run_record(job) for job in jobs]
+            rows = [summary_row(record) for record in found]
+            _write_text(out / "summary.csv", summary_csv(rows))
+            _write_text(out / "summary.md", summary_markdown(rows))
+    return found
 
 
-def _run(jobs: Sequence[Job], *, workers: int, ray_address: str | None):
+@contextlib.contextmanager
+def _locked(out: Path) -> Iterator[None]:
+    """Hold ``out/.lock`` (an advisory lock, released when the process ends however it ends)."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock
+        yield
+        return
+    path = out / ".lock"
+    try:
+        handle = open(path, "a+")  # noqa: SIM115 - held for the block
+    except OSError as err:
+        raise ToastError(f"-o {out}: cannot write the sweep's folder: {err.strerror}") from None
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.seek(0)
+            holder = handle.read().strip() or "?"
+            raise ToastError(f"-o {out}: another sweep (pid {holder}) is writing this folder; wait for it to end "
+                             "or give another folder") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        yield
+    finally:
+        handle.close()
+
+
+def _read_record(path: Path) -> dict[str, Any] | None:
+    """A job's record, or ``None`` where there is none or it cannot be read (the job runs again)."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or not isinstance(record.get("settings"), dict) or "status" not in record:
+        return None
+    return record
+
+
+def _not_run_record(job: Job) -> dict[str, Any]:
+    return {"job": job.key, "settings": asdict(job), "status": "not run", "error": "not run (the sweep was stopped)"}
+
+
+def _failed_record(job: Job, reason: str, seconds: float) -> dict[str, Any]:
+    return {"job": job.key, "settings": asdict(job), "status": "error", "error": reason, "job_seconds": seconds}
+
+
+def _run(jobs: Sequence[Job], *, workers: int, ray_address: str | None, job_timeout: float | None
+         ) -> Generator[dict[str, Any], None, None]:
     """The records of ``jobs`` as they finish (any order)."""
     if not jobs:
         return
     if ray_address is not None:
         yield from _run_on_ray(jobs, ray_address)
         return
-    count = max(1, min(workers or os.cpu_count() or 1, len(jobs)))
-    if count == 1:
-        for job in jobs:
-            yield run_job(job)
-        return
-    import concurrent.futures
+    yield from _run_local(jobs, max(1, min(workers or os.cpu_count() or 1, len(jobs))), job_timeout)
+
+
+@dataclass(slots=True)
+class _Worker:
+    """A job worker process and the job it runs (``None``: idle)."""
+
+    process: Any
+    connection: Any
+    job: Job | None = None
+    started: float = 0.0
+
+
+def _job_worker(connection: Any, parent_pid: int) -> None:
+    """A worker process's loop: run the jobs sent until the parent closes the pipe."""
+    worker_setup(parent_pid)
+    while True:
+        try:
+            job = connection.recv()
+        except (EOFError, OSError):
+            return
+        connection.send(run_job(job))
+
+
+def _run_local(jobs: Sequence[Job], count: int, job_timeout: float | None) -> Iterator[dict[str, Any]]:
+    """The records of ``jobs`` run in ``count`` worker processes, one job at a time each; a worker that dies
+    or passes ``job_timeout`` gives its job a failed record and is replaced."""
     import multiprocessing
+    import multiprocessing.connection
 
     # Spawned, not forked: a job lowers with JAX, whose runtime does not survive a fork.
     context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(count, mp_context=context) as pool:
-        futures = [pool.submit(run_job, job) for job in jobs]
-        for future in concurrent.futures.as_completed(futures):
-            yield future.result()
+    waiting = list(reversed(jobs))
+    pool: list[_Worker] = []
+
+    def start() -> _Worker:
+        parent_end, child_end = context.Pipe()
+        process = context.Process(target=_job_worker, args=(child_end, os.getpid()), daemon=True,
+                                  name="toast-sweep-job")
+        with workers_starting():
+            process.start()
+        child_end.close()
+        worker = _Worker(process, parent_end)
+        pool.append(worker)
+        return worker
+
+    def retire(worker: _Worker) -> None:
+        pool.remove(worker)
+        worker.connection.close()
+        if worker.process.is_alive():
+            worker.process.kill()
+        worker.process.join(timeout=5)
+
+    try:
+        while waiting or any(worker.job is not None for worker in pool):
+            for worker in [w for w in pool if w.job is None] + [None] * (count - len(pool)):
+                if not waiting:
+                    break
+                worker = worker or start()
+                worker.job, worker.started = waiting.pop(), time.monotonic()
+                worker.connection.send(worker.job)
+            busy = [worker for worker in pool if worker.job is not None]
+            timeout = None if job_timeout is None else max(
+                0.0, min(worker.started + job_timeout for worker in busy) - time.monotonic())
+            multiprocessing.connection.wait([w.connection for w in busy] + [w.process.sentinel for w in busy],
+                                            timeout=timeout)
+            for worker in busy:
+                job = worker.job
+                assert job is not None
+                seconds = time.monotonic() - worker.started
+                record = None
+                if worker.connection.poll():
+                    try:
+                        record = worker.connection.recv()
+                    except (EOFError, OSError):
+                        record = None
+                if record is not None:
+                    worker.job = None
+                    yield record
+                elif not worker.process.is_alive() or worker.connection.closed:
+                    worker.process.join(timeout=5)
+                    retire(worker)
+                    yield _failed_record(job, _death(worker.process.exitcode), seconds)
+                elif job_timeout is not None and seconds >= job_timeout:
+                    retire(worker)
+                    yield _failed_record(job, f"timed out after {job_timeout:g} s (--job-timeout)", seconds)
+            if not waiting:
+                for worker in [w for w in pool if w.job is None]:
+                    retire(worker)
+    finally:
+        for worker in list(pool):  # interrupted, or done: no worker outlives the sweep
+            retire(worker)
+
+
+def _death(exitcode: int | None) -> str:
+    """Why a job's process ended without a record, in words."""
+    if exitcode is not None and exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        hint = " (out of memory?)" if -exitcode == signal.SIGKILL else ""
+        return f"the job's process was killed by {name}{hint}"
+    return f"the job's process exited with status {exitcode} before recording a result"
 
 
 def _run_on_ray(jobs: Sequence[Job], address: str):
@@ -324,8 +498,11 @@ def _write_json(path: Path, document: dict[str, Any]) -> None:
 
 
 def _write_text(path: Path, text: str) -> None:
-    """Write whole or not at all (a temporary file renamed over the target): a rerun never reads half a
-    record."""
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(text)
-    partial.replace(path)
+    """Write whole or not at all (a temporary file of this process renamed over the target): a rerun never
+    reads half a record.
+
+    Raises:
+      ToastError: the file cannot be written."""
+    from toast.output.files import Output, write_outputs
+
+    write_outputs([Output("-o", path, text)])

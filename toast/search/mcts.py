@@ -50,6 +50,7 @@ import numpy as np
 
 from toast.cost.model import Cost, CostModel
 from toast.errors import ToastError
+from toast.processes import worker_setup, workers_starting
 from toast.search.actions import ActionSpace, SearchAction
 from toast.search.exhaustive import OVER_MEMORY, search_score
 from toast.sharding.state import ShardingState
@@ -582,7 +583,9 @@ def _fork_pool(workers: int, context: tuple[ActionSpace, _Memo, SearchSettings])
     with warnings.catch_warnings():
         # JAX warns on any fork once it has started; the workers only run numpy on the cost model.
         warnings.simplefilter("ignore", RuntimeWarning)
-        return multiprocessing.get_context("fork").Pool(workers)
+        with workers_starting():
+            return multiprocessing.get_context("fork").Pool(workers, initializer=worker_setup,
+                                                            initargs=(os.getpid(),))
 
 
 DEFAULT_SETTINGS = SearchSettings()
@@ -703,10 +706,14 @@ def search(space: ActionSpace, costs: CostModel, *, settings: SearchSettings = D
             rounds.append(RoundResult(phase_index, cost.relative, cost.step_time_s, phase_rollouts))
             if progress is not None:
                 progress(rounds[-1], total_rollouts, time.monotonic() - start)
-    finally:
-        if pool is not None:
-            pool.close()
+    except BaseException:
+        if pool is not None:  # Ctrl-C, SIGTERM or an error: stop the workers now, not after their tasks
+            pool.terminate()
             pool.join()
+        raise
+    if pool is not None:
+        pool.close()
+        pool.join()
     taken = tuple(space.actions[i] for i in trajectory)
     final = space.state(state, tuple(a for action in taken for a in action.as_actions()))
     return SearchResult(final, taken, costs.evaluate(final), tuple(rounds), total_rollouts, evaluations,

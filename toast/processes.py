@@ -1,0 +1,83 @@
+"""One discipline for toast's worker processes (the search's forked pool and the sweep's spawned jobs).
+
+A worker ignores Ctrl-C (the terminal sends SIGINT to the whole process group: the parent alone decides
+what an interrupt means) and dies with its parent, even when the parent is killed with SIGKILL, so no
+worker outlives the command that started it. The parent turns SIGTERM into the same exception as Ctrl-C
+(``Terminated``, a ``KeyboardInterrupt``), so one cleanup path handles both: stop the workers, keep no
+partial file, exit promptly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_PARENT_POLL_S = 0.5
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived; handled like Ctrl-C (exit status 128 + 15 instead of 128 + 2)."""
+
+
+def worker_setup(parent_pid: int) -> None:
+    """Run first in a worker process: ignore SIGINT, and die when the process ``parent_pid`` does (the
+    kernel's parent-death signal on Linux; elsewhere a thread that watches the parent id)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    armed = False
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            armed = libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
+        except (OSError, AttributeError):
+            armed = False
+    if os.getppid() != parent_pid:  # the parent died before the signal was armed
+        os._exit(1)
+    if not armed:
+        threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True, name="toast-parent-watch").start()
+
+
+@contextlib.contextmanager
+def workers_starting() -> Iterator[None]:
+    """Wrap the start of worker processes: they begin with SIGINT ignored (an ignored signal stays ignored
+    across fork and exec, and Python then installs no KeyboardInterrupt handler), so a Ctrl-C that comes
+    before ``worker_setup`` runs prints no traceback from a worker. In the main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _watch_parent(parent_pid: int) -> None:
+    while os.getppid() == parent_pid:
+        time.sleep(_PARENT_POLL_S)
+    os._exit(1)
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Within the block, SIGTERM raises ``Terminated`` in the main thread (elsewhere: a no-op)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
