@@ -78,7 +78,7 @@ def _cases() -> list[Case]:
              extra=("--mesh", "batch=2", "--strategy", "nope")),
         Case("manual strategy without --mesh", ("cost",), True, "needs --mesh", extra=("--strategy", "megatron")),
         Case("unknown --hardware for cost", ("cost",), True, "unknown hardware 'nope'", replace={"--hardware": "nope"}),
-        Case("no micro-batches", ("cost",), True, "--microbatches 0: give 1 or more", extra=("--microbatches", "0")),
+        Case("no micro-batches", ("cost",), True, "--microbatches: 0: give 1 or more", extra=("--microbatches", "0")),
         Case("bad --color", ("graph",), True, "--color", replace={"--color": "seq"}),
         Case("bad --format", ("graph",), True, "--format png", extra=("--format", "png")),
         Case("bad -o suffix", ("graph",), True, ".png", output="-o=x.png"),

@@ -51,7 +51,7 @@ def test_compare_without_validation_prints_the_table_only(capsys):
 @pytest.mark.parametrize("argv, message", [
     (["--mesh", "batch=16,model=8", "--validate"], "--validate: mesh batch=16,model=8 has 128 devices; host "
      "validation runs up to 64"),
-    (["--mesh", "batch=4,model=2", "--rollouts", "0"], "--rollouts 0: give a positive number of rollouts"),
+    (["--mesh", "batch=4,model=2", "--rollouts", "0"], "argument --rollouts: 0: give 1 or more rollouts"),
     (["--mesh", "batch=4,model=2", "--roles", "no_such_roles.toml"], "no_such_roles.toml"),
 ])
 def test_compare_bad_input(argv, message, tmp_path, capsys):

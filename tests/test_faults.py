@@ -212,3 +212,14 @@ def test_a_killed_search_leaves_no_worker(tmp_path):
     process.kill()
     process.communicate(timeout=10)
     _wait_for(lambda: not _alive(workers), 10, "the workers to end")
+
+
+def test_a_program_of_scalars_is_left_whole(tmp_path, capsys):
+    out = tmp_path / "s.json"
+    assert main(["autoshard", "faulty_jobs:scalars", "--mesh", "batch=4,model=2", "--workers", "1", "--engine",
+                 "embedded", "-o", str(out)]) == 0
+    document = json.loads(out.read_text())
+    assert [argument["partition_spec"] for argument in document["arguments"]] == [[], []]
+    assert main(["compare", "faulty_jobs:scalars", "--mesh", "batch=4,model=2", "--workers", "1", "--engine",
+                 "embedded"]) == 0
+    assert "| toast |" in capsys.readouterr().out

@@ -443,12 +443,12 @@ def test_without_roles_the_proposed_roles_give_the_manual_candidates(big_mlp):
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--budget", "0"], "--budget 0: give a positive number of seconds"),
-    (["--rollouts", "0"], "--rollouts 0: give a positive number of rollouts"),
-    (["--patience", "0"], "--patience 0: give 1 or more rollouts"),
-    (["--restarts", "-1"], "--restarts -1: give 0 or more"),
+    (["--budget", "0"], "argument --budget: '0': give a finite number of seconds above 0"),
+    (["--rollouts", "0"], "argument --rollouts: 0: give 1 or more rollouts"),
+    (["--patience", "0"], "argument --patience: 0: give 1 or more rollouts"),
+    (["--restarts", "-1"], "argument --restarts: -1: give 0 or more restarts"),
     (["--roles", "missing.roles.toml"], "missing.roles.toml: no such roles file"),
-    (["--memory", "-1"], "--memory -1: give the memory per device in GiB"),
+    (["--memory", "-1"], "argument --memory: '-1': give the memory per device in GiB"),
     (["--pin", "x=nope,"], "nope"),
     (["--pin", "x"], "expected NAME=AXES"),
     (["--pin", "nothing=batch,"], "pin 'nothing': no such argument"),

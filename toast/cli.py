@@ -18,15 +18,54 @@ from toast.errors import ToastError
 from toast.processes import Terminated, sigterm_as_interrupt
 
 
-def _positive_seconds(text: str) -> float:
-    """An option's number of seconds: finite and above 0 (argparse reports the error in one line)."""
+def _number(text: str) -> float:
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a number of seconds") from None
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
+
+
+def _positive_seconds(text: str) -> float:
+    """An option's number of seconds: finite and above 0 (argparse reports an error in one line)."""
+    value = _number(text)
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"'{text}': give a finite number of seconds above 0")
     return value
+
+
+MAX_MEMORY_GIB = float(1 << 30)  # an exbibyte per device: far above any accelerator, and exact in int64 bytes
+
+
+def _memory_gib(text: str) -> float:
+    """Memory per device in GiB: finite, above 0, at most ``MAX_MEMORY_GIB``."""
+    value = _number(text)
+    if not (math.isfinite(value) and 0 < value <= MAX_MEMORY_GIB):
+        raise argparse.ArgumentTypeError(f"'{text}': give the memory per device in GiB, above 0 and at most "
+                                         f"{MAX_MEMORY_GIB:.0f}")
+    return value
+
+
+def _count(minimum: int, what: str, maximum: int = (1 << 63) - 1):
+    """An integer option of at least ``minimum`` (and at most ``maximum``)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
+        if not minimum <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"{value}: give {what}")
+        return value
+
+    return parse
+
+
+_PROCESSES = _count(0, "0 (one per core) or more")
+_DEVICES = _count(1, "1 or more devices")
+_SEED = _count(0, "a seed from 0 to 2**63 - 1")
+_ROLLOUTS = _count(1, "1 or more rollouts")
+_RESTARTS = _count(0, "0 or more restarts")
+_MICROBATCHES = _count(1, "1 or more micro-batches per step")
 
 
 def _add_analysis_options(parser: argparse.ArgumentParser) -> None:
@@ -37,7 +76,8 @@ def _add_analysis_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rules", metavar="DIR", help="directory of .dl files extending or overriding the rules")
     parser.add_argument("--variant", default="default", help="analysis variant (rules/variants/NAME.toml) or TOML path")
     parser.add_argument("--keep", metavar="DIR", help="keep facts, assembled program and engine outputs in DIR")
-    parser.add_argument("--timeout", type=float, default=600.0, metavar="S", help="engine time limit, seconds")
+    parser.add_argument("--timeout", type=_positive_seconds, default=600.0, metavar="S",
+                        help="engine time limit, seconds")
     parser.add_argument("--arg", action="append", default=[], metavar="NAME=VALUE",
                         help="keyword argument for a module:function factory, e.g. --arg layers=12 (repeatable; "
                         "also module:function?layers=12&batch=8)")
@@ -141,7 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sweep_parser.add_argument("sweep", metavar="FILE", help="sweep file (TOML, a [sweep] table)")
     sweep_parser.add_argument("-o", "--output", required=True, metavar="DIR", help="folder of the job records "
                               "(jobs/*.json; a rerun skips the jobs recorded there) and summary.csv, summary.md")
-    sweep_parser.add_argument("--jobs", type=int, default=0, metavar="N", help="jobs at once on this machine "
+    sweep_parser.add_argument("--jobs", type=_PROCESSES, default=0, metavar="N", help="jobs at once on this machine "
                               "(default: one per core)")
     sweep_parser.add_argument("--report", metavar="FILE", help="write an HTML report (the summary, then every "
                               "job's comparison) to FILE")
@@ -168,11 +208,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                                           "devices; compare collectives and memory with the predictions")
     _add_analysis_options(validate_parser)
     validate_parser.add_argument("strategy", metavar="STRATEGY", help="strategy JSON from `toast shard -o`")
-    validate_parser.add_argument("--devices", type=int, required=True, metavar="N",
+    validate_parser.add_argument("--devices", type=_DEVICES, required=True, metavar="N",
                                  help="host CPU devices (must equal the strategy's mesh size)")
-    validate_parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    validate_parser.add_argument("--seed", type=_SEED, default=0, help="seed of the random inputs")
     validate_parser.add_argument("--json", metavar="FILE", help="write the agreement as JSON to FILE")
-    options = parser.parse_args(argv)
+    try:
+        options = parser.parse_args(argv)
+    except SystemExit as exited:  # --help, or a usage error argparse has printed: its status, not an exception
+        return exited.code if isinstance(exited.code, int) else 2
     # XLA's client logs its device count at INFO on stderr; keep stderr for toast's own lines.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     try:
@@ -410,8 +453,6 @@ def _cost_plan(options: argparse.Namespace):
     from toast.sharding.roles import roles_for_input
     from toast.sharding.strategies import COMPOSITES, STRATEGIES, check_strategy, strategy_parts
 
-    if options.microbatches < 1:
-        raise ToastError(f"--microbatches {options.microbatches}: give 1 or more micro-batches per step")
     hardware = load_hardware(options.hardware)
     mesh = parse_mesh(options.mesh) if options.mesh else None
     strategy = options.strategy
@@ -512,19 +553,19 @@ def _add_search_options(parser: argparse.ArgumentParser) -> None:
                         "TOML path")
     parser.add_argument("--roles", metavar="FILE", help="roles file for the manual strategies of the comparison "
                         "table (default: <module>.roles.toml beside the module)")
-    parser.add_argument("--memory", type=float, metavar="GiB", help="memory per device in GiB "
+    parser.add_argument("--memory", type=_memory_gib, metavar="GiB", help="memory per device in GiB "
                                   "(default: the profile's HBM)")
     budget = parser.add_mutually_exclusive_group()
-    budget.add_argument("--budget", type=float, metavar="SECONDS", help="stop searching after SECONDS")
-    budget.add_argument("--rollouts", type=int, metavar="N", help="run N rollouts, fewer only when every state "
+    budget.add_argument("--budget", type=_positive_seconds, metavar="SECONDS", help="stop searching after SECONDS")
+    budget.add_argument("--rollouts", type=_ROLLOUTS, metavar="N", help="run N rollouts, fewer only when every state "
                         "has been scored (default 2000)")
-    parser.add_argument("--seed", type=int, default=0, help="search seed (same seed, same strategy)")
-    parser.add_argument("--patience", type=int, metavar="N", help="rollouts without a better state before a tree "
+    parser.add_argument("--seed", type=_SEED, default=0, help="search seed (same seed, same strategy)")
+    parser.add_argument("--patience", type=_ROLLOUTS, metavar="N", help="rollouts without a better state before a tree "
                         "restarts below its best state (default: SearchSettings.patience)")
-    parser.add_argument("--restarts", type=int, metavar="N", help="restarts per tree before it stops early "
+    parser.add_argument("--restarts", type=_RESTARTS, metavar="N", help="restarts per tree before it stops early "
                         "(default: no limit, the budget is spent)")
     _add_microbatches_option(parser)
-    parser.add_argument("--workers", type=int, default=0, metavar="N", help="worker processes (default: "
+    parser.add_argument("--workers", type=_PROCESSES, default=0, metavar="N", help="worker processes (default: "
                                   "one per core; the result does not depend on it)")
     parser.add_argument("--pin", action="append", default=[], metavar="NAME=AXES,...",
                                   help="keep an argument's sharding, e.g. 'tokens=batch,' (dim 0 on batch, dim 1 "
@@ -536,7 +577,7 @@ def _add_search_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_microbatches_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--microbatches", type=int, default=1, metavar="K", help="gradient accumulation: the "
+    parser.add_argument("--microbatches", type=_MICROBATCHES, default=1, metavar="K", help="gradient accumulation: the "
                         "program is one micro-batch's step, K of them make a step and the gradients are reduced "
                         "once, in the last (Megatron-LM's micro-batches; default 1)")
 
@@ -550,20 +591,6 @@ def _autoshard_plan(options: argparse.Namespace):
 
     mesh = parse_mesh(options.mesh)
     hardware = load_hardware(options.hardware)
-    if options.budget is not None and options.budget <= 0:
-        raise ToastError(f"--budget {options.budget:g}: give a positive number of seconds")
-    if options.rollouts is not None and options.rollouts <= 0:
-        raise ToastError(f"--rollouts {options.rollouts}: give a positive number of rollouts")
-    if options.memory is not None and options.memory <= 0:
-        raise ToastError(f"--memory {options.memory:g}: give the memory per device in GiB, more than 0")
-    if options.workers < 0:
-        raise ToastError(f"--workers {options.workers}: give 0 (one per core) or more")
-    if options.patience is not None and options.patience < 1:
-        raise ToastError(f"--patience {options.patience}: give 1 or more rollouts")
-    if options.restarts is not None and options.restarts < 0:
-        raise ToastError(f"--restarts {options.restarts}: give 0 or more")
-    if options.microbatches < 1:
-        raise ToastError(f"--microbatches {options.microbatches}: give 1 or more micro-batches per step")
     pins: dict[str, tuple] = {}
     for text in options.pin:
         for name, entries in parse_pins(text).items():
@@ -742,8 +769,6 @@ def _sweep(options: argparse.Namespace) -> int:
     from toast.evaluation.sweep import load_sweep, sweep
 
     plan = load_sweep(options.sweep)
-    if options.jobs < 0:
-        raise ToastError(f"--jobs {options.jobs}: give 0 (one per core) or more")
 
     def progress(record, done: int, total: int) -> None:
         outcome = "ok" if record["status"] == "ok" else f"error: {record['error']}"
@@ -754,6 +779,8 @@ def _sweep(options: argparse.Namespace) -> int:
         from toast.output.files import check_output
 
         check_output(options.report, option="--report")
+        if Path(options.report).resolve() == Path(options.output).resolve():
+            raise ToastError(f"--report {options.report} is the sweep's folder (-o): give the report its own file")
     records = sweep(plan.jobs, options.output, workers=options.jobs, ray_address=options.ray,
                     job_timeout=options.job_timeout, progress=progress)
     if options.report:

@@ -123,14 +123,14 @@ def load_sweep(path: str | Path) -> Sweep:
     for value in memory_values if isinstance(memory_values, list) and memory_values else [False]:
         if value == "hbm":
             memory.append(None)
-        elif isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+        elif isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
             memory.append(float(value))
         else:
             raise InputError(f"{path}: [sweep] memory must list GiB per device (numbers above 0) or \"hbm\"")
     seeds = table.get("seeds", [0])
-    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool)
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
                                                             for s in seeds):
-        raise InputError(f"{path}: [sweep] seeds must be a non-empty list of integers")
+        raise InputError(f"{path}: [sweep] seeds must be a non-empty list of integers, 0 or more")
     rollouts = table.get("rollouts", 2000)
     if not isinstance(rollouts, int) or isinstance(rollouts, bool) or rollouts < 1:
         raise InputError(f"{path}: [sweep] rollouts must be a positive integer")
@@ -231,12 +231,21 @@ def sweep(jobs: Sequence[Job], out_dir: str | Path, *, workers: int = 0, ray_add
     if job_timeout is not None and not (math.isfinite(job_timeout) and job_timeout > 0):
         raise ToastError(f"a job timeout of {job_timeout:g} s: give a number of seconds above 0")
     folder = out / "jobs"
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise ToastError(f"-o {out}: cannot make the sweep's folder: {err.strerror}") from None
+    with _ray_cluster(ray_address):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise ToastError(f"-o {out}: cannot make the sweep's folder: {err.strerror}") from None
+        return _sweep_in(jobs, out, folder, workers=workers, ray_address=ray_address, job_timeout=job_timeout,
+                         progress=progress)
+
+
+def _sweep_in(jobs: Sequence[Job], out: Path, folder: Path, *, workers: int, ray_address: str | None,
+              job_timeout: float | None, progress: Callable[[dict[str, Any], int, int], None] | None
+              ) -> list[dict[str, Any]]:
+    """``sweep`` once its folder exists (and Ray is connected, where asked for)."""
     with _locked(out):
-        records = {key: _read_record(folder / f"{key}.json") for key in keys}
+        records = {job.key: _read_record(folder / f"{job.key}.json") for job in jobs}
         todo = [job for job in jobs if records[job.key] is None]
         done = 0
         try:
@@ -311,7 +320,7 @@ def _run(jobs: Sequence[Job], *, workers: int, ray_address: str | None, job_time
     if not jobs:
         return
     if ray_address is not None:
-        yield from _run_on_ray(jobs, ray_address)
+        yield from _run_on_ray(jobs)
         return
     yield from _run_local(jobs, max(1, min(workers or os.cpu_count() or 1, len(jobs))), job_timeout)
 
@@ -419,23 +428,50 @@ def _death(exitcode: int | None) -> str:
     return f"the job's process exited with status {exitcode} before recording a result"
 
 
-def _run_on_ray(jobs: Sequence[Job], address: str):
+@contextlib.contextmanager
+def _ray_cluster(address: str | None) -> Iterator[None]:
+    """Connected to the Ray cluster at ``address`` for the block (``"local"``: one started here; ``None``: no
+    Ray); the connection is made before anything is written, and any failure is one line."""
+    if address is None:
+        yield
+        return
     try:
         import ray
     except ImportError:
         raise ToastError("--ray: Ray is not installed (pip install 'ray[default]')") from None
     started = not ray.is_initialized()
     if started:
-        ray.init(address=None if address == "local" else address, include_dashboard=False, log_to_driver=False)
+        try:
+            ray.init(address=None if address == "local" else address, include_dashboard=False, log_to_driver=False)
+        except Exception as err:  # noqa: BLE001 - Ray raises many kinds (ConnectionError, ValueError, ...)
+            raise ToastError(f"--ray {address}: cannot connect to a Ray cluster: {_first_line(err)}") from None
     try:
-        task = ray.remote(num_cpus=1)(run_job)
-        pending = [task.remote(job) for job in jobs]
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1)
-            yield ray.get(ready[0])
+        yield
     finally:
         if started:
             ray.shutdown()
+
+
+def _run_on_ray(jobs: Sequence[Job]) -> Iterator[dict[str, Any]]:
+    """The records of ``jobs`` run as Ray tasks on the connected cluster; a task Ray loses (its worker died)
+    gives its job a failed record."""
+    import ray
+
+    task = ray.remote(num_cpus=1)(run_job)
+    started = time.monotonic()
+    pending = {task.remote(job): job for job in jobs}
+    try:
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            job = pending.pop(ready[0])
+            try:
+                yield ray.get(ready[0])
+            except Exception as err:  # noqa: BLE001 - a lost task is that job's failure, not the sweep's
+                yield _failed_record(job, f"the Ray task failed: {type(err).__name__}: {_first_line(err)}",
+                                     time.monotonic() - started)
+    finally:
+        for reference in pending:
+            ray.cancel(reference, force=True)
 
 
 def summary_row(record: dict[str, Any]) -> dict[str, Any]:

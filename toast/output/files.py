@@ -44,15 +44,18 @@ def check_output(path: str | os.PathLike[str], *, option: str) -> Path:
     """
     path = Path(path)
     directory = path.parent
-    if path.is_dir():
-        raise ToastError(f"{option} {path}: is a directory; give a file name")
-    if not directory.is_dir():
-        raise ToastError(f"{option} {path}: directory {directory} does not exist")
-    if path.exists() and not os.access(path, os.W_OK):
-        raise ToastError(f"{option} {path}: the file is not writable")
-    try:  # a trial file, removed at once: permission bits alone do not say (root, read-only mounts)
-        with tempfile.TemporaryFile(dir=directory):
-            pass
+    try:
+        if path.is_dir():
+            raise ToastError(f"{option} {path}: is a directory; give a file name")
+        if not directory.is_dir():
+            raise ToastError(f"{option} {path}: directory {directory} does not exist")
+        if path.exists() and not os.access(path, os.W_OK):
+            raise ToastError(f"{option} {path}: the file is not writable")
+        # A trial of the temporary file write_outputs stages the text in (its name is longer than the
+        # target's), removed at once: permission bits alone do not say (root, read-only mounts).
+        handle, trial = tempfile.mkstemp(prefix=_staging_prefix(path), dir=directory)
+        os.close(handle)
+        os.unlink(trial)
     except OSError as err:
         raise ToastError(f"{option} {path}: cannot write in {directory}: {err.strerror}") from None
     return path
@@ -85,7 +88,7 @@ def write_outputs(outputs: Sequence[Output]) -> None:
 
 def _stage(output: Output) -> str:
     """A temporary file beside the target holding the text, with the usual file mode."""
-    handle, temporary = tempfile.mkstemp(prefix=f".{output.path.name}.", dir=output.path.parent)
+    handle, temporary = tempfile.mkstemp(prefix=_staging_prefix(output.path), dir=output.path.parent)
     try:
         with os.fdopen(handle, "w") as out:
             out.write(output.text)
@@ -94,6 +97,10 @@ def _stage(output: Output) -> str:
         Path(temporary).unlink(missing_ok=True)
         raise
     return temporary
+
+
+def _staging_prefix(path: Path) -> str:
+    return f".{path.name}."
 
 
 def _umask() -> int:

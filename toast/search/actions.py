@@ -307,6 +307,8 @@ class ActionSpace:
             for dim in range(len(analysis.program.values[value_id].shape)):
                 dims_of_color.setdefault(int(analysis.color_of[names.def_base[value_id] + dim]), []).append(
                     (value_id, dim))
+        if not len(analysis.node_of):  # no dimension names: nothing to store split
+            return []
         by_node = np.argsort(analysis.node_of, kind="stable")
         node_starts = np.searchsorted(analysis.node_of[by_node], np.arange(int(analysis.node_of.max()) + 2))
         stored = []

@@ -15,6 +15,7 @@ from toast.errors import ToastError
 
 _AXIS = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MAX_AXES = 8  # shardings are bit masks over the axes, one byte per dimension name
+MAX_DEVICES = 1 << 24  # far above any machine, and products with tensor sizes stay well inside int64
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,13 +68,18 @@ def parse_mesh(text: str) -> Mesh:
     for part in text.split(","):
         name, sep, size = part.strip().partition("=")
         name = name.strip()
-        if not sep or not _AXIS.match(name) or not size.strip().isdigit():
+        size = size.strip()
+        if not sep or not _AXIS.match(name) or not (size.isascii() and size.isdigit()):
             raise ToastError(f"--mesh {text}: expected NAME=SIZE[,NAME=SIZE...], e.g. batch=4,model=2")
         if int(size) < 1:
             raise ToastError(f"--mesh {text}: axis '{name}' needs a size of at least 1")
+        if int(size) > MAX_DEVICES:
+            raise ToastError(f"--mesh {text}: axis '{name}' of {size} devices; at most {MAX_DEVICES:,} in all")
         if name in dict(axes):
             raise ToastError(f"--mesh {text}: axis '{name}' appears twice")
         axes.append((name, int(size)))
     if len(axes) > MAX_AXES:
         raise ToastError(f"--mesh {text}: at most {MAX_AXES} axes")
+    if math.prod(size for _, size in axes) > MAX_DEVICES:
+        raise ToastError(f"--mesh {text}: {math.prod(size for _, size in axes):,} devices; at most {MAX_DEVICES:,}")
     return Mesh(tuple(axes))
