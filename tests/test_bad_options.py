@@ -38,6 +38,10 @@ def _one_line(capsys, message: str) -> None:
      "99999999999999999999999 devices; at most 16,777,216 in all"),
     (["--mesh", "batch=4096,model=8192"], "--mesh batch=4096,model=8192: 33,554,432 devices; at most 16,777,216"),
     (["--mesh", "batch=²"], "--mesh batch=²: expected NAME=SIZE[,NAME=SIZE...]"),
+    (["--pin", "x=batch,", "--pin", "x=model,"], "--pin: argument 'x' is pinned twice; pin each argument once"),
+    (["--pin", "x=batch,;x=model,"], "--pin: argument 'x' is pinned twice"),
+    (["--pin", "x=batch+batch,"], "pin 'x': mesh axis 'batch' appears twice; an axis splits at most one dim"),
+    (["--pin", "x=batch,batch"], "pin 'x': mesh axis 'batch' appears twice"),
 ])
 def test_bad_numbers_are_refused_before_the_work(command, extra, message, tmp_path, capsys):
     out = tmp_path / "out.json"

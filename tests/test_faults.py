@@ -223,3 +223,14 @@ def test_a_program_of_scalars_is_left_whole(tmp_path, capsys):
     assert main(["compare", "faulty_jobs:scalars", "--mesh", "batch=4,model=2", "--workers", "1", "--engine",
                  "embedded"]) == 0
     assert "| toast |" in capsys.readouterr().out
+
+
+def test_a_strategy_file_is_the_same_in_every_run_on_any_number_of_workers(tmp_path):
+    texts = set()
+    for run, workers in enumerate(("1", "2", "2")):
+        out = tmp_path / f"s{run}.json"
+        assert main(["autoshard", "toast.examples.gpt:gpt_small", "--mesh", "batch=4,model=2", "--engine", "embedded",
+                     "--rollouts", "300", "--workers", workers, "-o", str(out)]) == 0
+        texts.add(out.read_text())
+    assert len(texts) == 1
+    assert json.loads(texts.pop())["search"]["evaluations"] > 1

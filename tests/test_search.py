@@ -215,8 +215,8 @@ def test_polish_undoes_an_action_that_holds_the_axis_the_batch_needs():
     start = _replay(space, [blocking])
     assert start is not None and space.step(start, batch_first) is None  # the batch is blocked
     score = memo.score(memo.key(start), "runtime")
-    actions, polished, _ = _polish(space, memo, [blocking], keep=0, allowed=tuple(range(len(space))),
-                                   goal="runtime", score=score, chunk=8, pool=None, deadline=None)
+    actions, polished = _polish(space, memo, [blocking], keep=0, allowed=tuple(range(len(space))),
+                                goal="runtime", score=score, chunk=8, pool=None, deadline=None)
     assert polished < score and blocking not in actions
     final = _replay(space, actions)
     assert final is not None and polished == costs.evaluate(space.state(final)).relative

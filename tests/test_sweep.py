@@ -118,3 +118,14 @@ def test_bad_sweep_files(text, message, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0] and "Traceback" not in err[0], err
     assert not (tmp_path / "out").exists()
+
+
+def test_summary_cells_are_escaped():
+    from toast.evaluation.sweep import summary_markdown
+
+    row = {"model": "pkg.m:f?tag='a|b'", "mesh": "batch=4", "hardware": "h100", "memory_gib": "hbm", "seed": 0,
+           "status": "error", "error": "no <module> named x & y | z\nsecond line"}
+    line = summary_markdown([row]).splitlines()[2]
+    assert line == ("| pkg.m:f?tag='a\\|b' | batch=4 | h100 | hbm | 0 | - | - | - | - | - | - | - | "
+                    "no &lt;module&gt; named x &amp; y \\| z second line |")
+    assert line.count(" | ") == 12  # 13 cells, whatever the text held

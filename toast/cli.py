@@ -592,12 +592,11 @@ def _autoshard_plan(options: argparse.Namespace):
     mesh = parse_mesh(options.mesh)
     hardware = load_hardware(options.hardware)
     pins: dict[str, tuple] = {}
-    for text in options.pin:
-        for name, entries in parse_pins(text).items():
-            for entry in entries:
-                for axis in (entry,) if isinstance(entry, str) else entry or ():
-                    mesh.index(axis)  # an unknown axis is named now
-            pins[name] = entries
+    for name, entries in parse_pins(";".join(options.pin)).items():  # repeated --pin options: one list
+        for entry in entries:
+            for axis in (entry,) if isinstance(entry, str) else entry or ():
+                mesh.index(axis)  # an unknown axis is named now
+        pins[name] = entries
     phases = []
     for text in options.phase:
         axes_text, sep, goal = text.rpartition(":")

@@ -18,7 +18,7 @@ from toast.cost.hardware import Hardware
 from toast.cost.model import Cost
 from toast.errors import ToastError
 from toast.output.autoshard import Comparison, Found, compare_manual, find_strategy
-from toast.output.report import human_bytes, human_seconds
+from toast.output.report import human_bytes, human_seconds, markdown_cell
 from toast.search.mcts import RoundResult, SearchSettings
 from toast.sharding.mesh import Mesh
 from toast.sharding.roles import Roles
@@ -122,9 +122,10 @@ def comparison_table(result: CompareResult) -> str:
     for row in result.rows:
         seconds = f"{row.search_seconds:.1f}" if row.search_seconds is not None else ""
         if row.cost is None:
-            line = f"| {row.name} | - | - | - | does not apply: {row.reason} | |"
+            line = f"| {markdown_cell(row.name)} | - | - | - | does not apply: {markdown_cell(row.reason)} | |"
         else:
-            line = (f"| {row.name} | {human_seconds(row.cost.step_time_s)} | {human_bytes(row.cost.peak_bytes)} | "
+            line = (f"| {markdown_cell(row.name)} | {human_seconds(row.cost.step_time_s)} | "
+                    f"{human_bytes(row.cost.peak_bytes)} | "
                     f"{'yes' if row.over_memory else 'no'} | {row.cost.relative:.3f} | {seconds} |")
         if validated:
             line += f" {_agreement_cell(row.agreement)} |"

@@ -509,21 +509,21 @@ def summary_csv(rows: Sequence[dict[str, Any]]) -> str:
 
 def summary_markdown(rows: Sequence[dict[str, Any]]) -> str:
     """The rows as a Markdown table: step times and peaks in human units, errors in the last column."""
-    from toast.output.report import human_bytes, human_seconds
+    from toast.output.report import human_bytes, human_seconds, markdown_cell
 
     lines = ["| model | mesh | hardware | memory | seed | toast step | toast peak | over memory | best manual | "
              "its step | speedup | search s | error |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         memory = row["memory_gib"] if row["memory_gib"] == "hbm" else f"{row['memory_gib']:g} GiB"
+        job = " | ".join(markdown_cell(cell) for cell in (row["model"], row["mesh"], row["hardware"], memory,
+                                                          row["seed"]))
         if row["status"] != "ok":
-            lines.append(f"| {row['model']} | {row['mesh']} | {row['hardware']} | {memory} | {row['seed']} | - | - | - "
-                         f"| - | - | - | - | {row['error']} |")
+            lines.append(f"| {job} | - | - | - | - | - | - | - | {markdown_cell(row['error'])} |")
             continue
-        best = row["best_manual"] or "-"
+        best = markdown_cell(row["best_manual"]) if row["best_manual"] else "-"
         best_step = human_seconds(row["best_manual_step_time_s"]) if row["best_manual"] else "-"
         speedup = f"{row['speedup']:.2f}x" if row["speedup"] != "" else "-"
-        lines.append(f"| {row['model']} | {row['mesh']} | {row['hardware']} | {memory} | {row['seed']} | "
-                     f"{human_seconds(row['toast_step_time_s'])} | {human_bytes(row['toast_peak_bytes'])} | "
+        lines.append(f"| {job} | {human_seconds(row['toast_step_time_s'])} | {human_bytes(row['toast_peak_bytes'])} | "
                      f"{'yes' if row['toast_over_memory'] else 'no'} | {best} | {best_step} | {speedup} | "
                      f"{row['search_seconds']} | |")
     return "\n".join(lines) + "\n"

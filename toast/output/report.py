@@ -26,6 +26,7 @@ JSON (scripts rely on it): top-level ``colors``, ``unruled_ops``, ``color_confli
 
 from __future__ import annotations
 
+import html
 from typing import Any
 
 from toast.analysis.conflicts import ConflictSite
@@ -127,6 +128,12 @@ def summary(analysis: Analysis, *, top: int = 10) -> str:
         variant=analysis.stats.get("variant", ""),
     )
     return text.rstrip("\n") + "\n"
+
+
+def markdown_cell(text: object) -> str:
+    """``text`` as one Markdown table cell: ``|`` escaped, HTML's ``&``, ``<``, ``>`` as entities (a
+    renderer shows them as written, and runs no markup from a model name or an error), newlines as spaces."""
+    return html.escape(" ".join(str(text).splitlines()), quote=False).replace("|", "\\|")
 
 
 def human_bytes(count: float) -> str:

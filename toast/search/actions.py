@@ -215,13 +215,15 @@ def parse_pins(text: str) -> dict[str, tuple]:
     pins are separated by ``;``.
 
     Raises:
-      ToastError: a pin without ``=``.
+      ToastError: a pin without ``=``, or one argument pinned twice.
     """
     pins: dict[str, tuple] = {}
     for part in filter(None, (p.strip() for p in text.split(";"))):
         name, sep, spec = part.partition("=")
         if not sep or not name.strip():
             raise ToastError(f"--pin '{part}': expected NAME=AXES,AXES,... (e.g. 'tokens=batch,')")
+        if name.strip() in pins:
+            raise ToastError(f"--pin: argument '{name.strip()}' is pinned twice; pin each argument once")
         entries = []
         for entry in spec.split(","):
             axes = tuple(a.strip() for a in entry.split("+") if a.strip())
@@ -470,12 +472,18 @@ class ActionSpace:
             entries = tuple(entries)
             if len(entries) > len(shape):
                 raise ToastError(f"pin '{argument}': {len(entries)} entries for a tensor of rank {len(shape)}")
+            used = 0
             for dim in range(len(shape)):
                 entry = entries[dim] if dim < len(entries) else None
                 axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
                 mask = 0
                 for axis in axes:
-                    mask |= 1 << model.mesh.index(axis)
+                    bit = 1 << model.mesh.index(axis)
+                    if used & bit:  # as jax.sharding.PartitionSpec: a mesh axis splits one dim, once
+                        raise ToastError(f"pin '{argument}': mesh axis '{axis}' appears twice; an axis splits at "
+                                         "most one dim of a tensor, once")
+                    used |= bit
+                    mask |= bit
                 pin_names.append(names.def_base[value_id] + dim)
                 pin_masks.append(mask)
         order = np.argsort(pin_names, kind="stable")

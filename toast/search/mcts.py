@@ -38,11 +38,12 @@ ties); each phase starts from the previous one's best state, with an equal share
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -160,8 +161,8 @@ class SearchResult:
       cost: its cost.
       rounds: per phase, the best cost after its lanes and polish, and its rollouts.
       rollouts: rollouts run.
-      evaluations: states costed (each process costs a state once; lanes in different processes may both
-        cost one).
+      evaluations: distinct states costed (scored by any lane or polish move: the same in every run with a
+        rollout budget, on any number of workers).
       seconds: wall-clock time of the search.
       settings: the settings it ran with.
     """
@@ -191,7 +192,7 @@ class _LaneResult:
     score: float
     actions: tuple[int, ...]
     rollouts: int
-    evaluations: int  # states this lane costed that its process had not costed before
+    scored: frozenset[int]  # the states this lane scored (hashes of their keys)
     exhausted: bool  # the lane's tree scored every state below its root
     # The best (score, actions) of each of the lane's trees (one per restart), best first, distinct: the
     # polish's candidates from other basins than the lane's best.
@@ -211,6 +212,7 @@ class _Memo:
         self.states: dict[bytes, np.ndarray] = {}
         self.transitions: dict[tuple[bytes, int], bytes | None] = {}
         self.cache: dict[bytes, Cost] = {}
+        self.scored: set[int] = set()  # hashes of the keys scored since ``recording`` began
         self.initial_peak = max(int(costs.initial[4]), 1)  # the unsharded program's peak, bytes
 
     def key(self, atom_masks: np.ndarray) -> bytes:
@@ -229,7 +231,21 @@ class _Memo:
         self.transitions[(key, action)] = result
         return result
 
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[set[int]]:
+        """The states scored within the block, as hashes of their keys (the same in forked workers: one hash
+        seed); the set of all a search scores is the same whatever process scored which, so its size, the
+        states costed, is the same on any number of workers and in every run."""
+        outer, self.scored = self.scored, set()
+        inner = self.scored
+        try:
+            yield inner
+        finally:
+            self.scored = outer
+            outer |= inner
+
     def cost_of(self, key: bytes) -> Cost:
+        self.scored.add(hash(key))
         found = self.cache.get(key)
         if found is None:
             found = self.cache[key] = self.costs.evaluate(self.space.state(self.states[key]), collectives=False)
@@ -297,6 +313,12 @@ def _run_lane(space: ActionSpace, memo: _Memo, settings: SearchSettings, task: _
     independent of their order, so a rollout that took an action anywhere below a node says something about
     taking it at the node. Unvisited actions are valued by those statistics (or by the node's mean), so a
     rollout goes below a node before it has tried every action there."""
+    with memo.recording() as scored:
+        return _lane(space, memo, settings, task, scored)
+
+
+def _lane(space: ActionSpace, memo: _Memo, settings: SearchSettings, task: _LaneTask, scored: set[int]
+          ) -> _LaneResult:
     rng = np.random.default_rng(list(task.seed))
     start_key = memo.key(np.frombuffer(task.root, dtype=np.uint8).copy())
     allowed = list(task.allowed)
@@ -305,7 +327,6 @@ def _run_lane(space: ActionSpace, memo: _Memo, settings: SearchSettings, task: _
     position = {action: index for index, action in enumerate(allowed)}
     best_score = memo.score(start_key, task.goal)
     best_actions: tuple[int, ...] = ()
-    evaluated_before = len(memo.cache)
     tree = _Tree(start_key, (), {start_key: _Node(width)})
     done = since_best = restarts = 0
     exhausted = False
@@ -423,7 +444,7 @@ def _run_lane(space: ActionSpace, memo: _Memo, settings: SearchSettings, task: _
     tops[best_actions] = best_score
     ranked = sorted(((score, actions) for actions, score in tops.items() if score < math.inf),
                     key=lambda top: (top[0], len(top[1]), top[1]))
-    return _LaneResult(best_score, best_actions, done, len(memo.cache) - evaluated_before, exhausted,
+    return _LaneResult(best_score, best_actions, done, frozenset(scored), exhausted,
                        tuple(ranked[:settings.polish_candidates]))
 
 
@@ -474,15 +495,24 @@ class _RefillTask:
     limit: int | None = None  # states it may score: a step that would pass it is not taken (the first always is)
 
 
-def _refill(space: ActionSpace, memo: _Memo, task: _RefillTask) -> tuple[float, tuple[int, ...], int, int]:
+_RefillResult = tuple[float, tuple[int, ...], frozenset[int], int]
+
+
+def _refill(space: ActionSpace, memo: _Memo, task: _RefillTask) -> _RefillResult:
     """Greedy descent from the end of ``task.actions``: add the allowed action that lowers the score most
-    (lowest index among equals) until none does; the score, the actions, the states this process costed
-    anew, and the states scored (costed or not: what the polish's budget counts, the same on any number of
-    workers). A pure function of its inputs (``memo`` only memoizes)."""
-    evaluated_before = len(memo.cache)
+    (lowest index among equals) until none does; the score, the actions, the states it scored (hashes of
+    their keys, ``_Memo.recording``) and how many scorings it made (states scored again included: what the
+    polish's budget counts, the same on any number of workers). A pure function of its inputs (``memo``
+    only memoizes)."""
+    with memo.recording() as recorded:
+        score, actions, scored = _descend(space, memo, task)
+    return score, actions, frozenset(recorded), scored
+
+
+def _descend(space: ActionSpace, memo: _Memo, task: _RefillTask) -> tuple[float, tuple[int, ...], int]:
     atoms = _replay(space, list(task.actions))
     if atoms is None:
-        return math.inf, task.actions, 0, 0
+        return math.inf, task.actions, 0
     key = memo.key(atoms)
     score, actions = memo.score(key, task.goal), list(task.actions)
     scored = 1
@@ -503,10 +533,10 @@ def _refill(space: ActionSpace, memo: _Memo, task: _RefillTask) -> tuple[float, 
         assert following is not None
         score, key = best_score, following
         actions.append(best_action)
-    return score, tuple(actions), len(memo.cache) - evaluated_before, scored
+    return score, tuple(actions), scored
 
 
-def _worker_refill(task: _RefillTask) -> tuple[float, tuple[int, ...], int, int]:
+def _worker_refill(task: _RefillTask) -> _RefillResult:
     assert _WORKER is not None
     space, memo, _ = _WORKER
     return _refill(space, memo, task)
@@ -514,15 +544,14 @@ def _worker_refill(task: _RefillTask) -> tuple[float, tuple[int, ...], int, int]
 
 def _polish(space: ActionSpace, memo: _Memo, actions: list[int], *, keep: int, allowed: tuple[int, ...],
             goal: str, score: float, chunk: int, pool: Any, deadline: float | None, swaps: bool = False,
-            budget: int | None = None) -> tuple[list[int], float, int]:
+            budget: int | None = None) -> tuple[list[int], float]:
     """Local search on a phase's actions (past the first ``keep``): descend greedily (``_refill``), remove
     one action and then descend, or (``swaps``) swap one for another and descend; take the first move that
     lowers the score (in that order, latest position first), and start over. A trajectory from a rollout
     carries random actions, and one can hold an axis that a better plan needs (a channel dim on the axis the
     batch wants); this undoes one at a time. Moves are tried ``chunk`` at a time in the workers (a fixed
     chunk, so the result does not depend on the number of workers) until ``budget`` states have been scored.
-    Returns the actions, their score and the states costed."""
-    evaluations = 0
+    Returns the actions and their score (the states scored are added to ``memo.scored``)."""
 
     def moves() -> list[_RefillTask]:
         # First a plain descent; then each removal and a descent whose first step is not the removed action
@@ -551,13 +580,14 @@ def _polish(space: ActionSpace, memo: _Memo, actions: list[int], *, keep: int, a
             tasks = [dataclasses.replace(task, limit=(budget - scored) // len(tasks)) for task in tasks]
         results = pool.map(_worker_refill, tasks, chunksize=1) if pool is not None else [
             _refill(space, memo, task) for task in tasks]
-        evaluations += sum(result[2] for result in results)
+        for result in results:
+            memo.scored |= result[2]
         scored += sum(result[3] for result in results)
         better = [result for result in results if result[0] < score - 1e-9]
         if better:
             score, actions = better[0][0], list(better[0][1])
             pending = moves()
-    return actions, score, evaluations
+    return actions, score
 
 
 # Worker processes are forked with the space, memo and settings in this global (nothing is pickled, and a
@@ -633,7 +663,6 @@ def search(space: ActionSpace, costs: CostModel, *, settings: SearchSettings = D
         trajectory: list[int] = []
         rounds: list[RoundResult] = []
         total_rollouts = 0
-        evaluations = 1
         for phase_index, phase in enumerate(settings.phases):
             phase_start_time = time.monotonic()
             phases_left = len(settings.phases) - phase_index
@@ -665,7 +694,7 @@ def search(space: ActionSpace, costs: CostModel, *, settings: SearchSettings = D
             for result in lane_results:
                 phase_rollouts += result.rollouts
                 total_rollouts += result.rollouts
-                evaluations += result.evaluations
+                memo.scored |= result.scored
                 found.append(result)
                 if progress is not None:
                     leader = min(found, key=lambda r: (r.score, len(r.actions)))
@@ -685,16 +714,13 @@ def search(space: ActionSpace, costs: CostModel, *, settings: SearchSettings = D
             for rank, candidate in enumerate(polished):
                 if deadline is not None and time.monotonic() > deadline and rank:
                     break
-                evaluated_before = len(memo.cache)
                 actions, score = _trim(space, memo, trajectory + list(candidate[1]), keep=phase_start,
                                        goal=phase.goal)
-                evaluations += len(memo.cache) - evaluated_before
                 if settings.polish:
-                    actions, score, costed = _polish(space, memo, actions, keep=phase_start, allowed=allowed,
+                    actions, score = _polish(space, memo, actions, keep=phase_start, allowed=allowed,
                                                      goal=phase.goal, score=score, chunk=POLISH_CHUNK,
                                                      pool=pool, deadline=deadline, swaps=settings.polish_swaps,
                                                      budget=polish_budget)
-                    evaluations += costed
                 refined.append((score, len(actions), actions))
             phase_best, _, chosen = min(refined, key=lambda r: (r[0], r[1], tuple(r[2])))
             if phase_best < best:
@@ -716,5 +742,5 @@ def search(space: ActionSpace, costs: CostModel, *, settings: SearchSettings = D
         pool.join()
     taken = tuple(space.actions[i] for i in trajectory)
     final = space.state(state, tuple(a for action in taken for a in action.as_actions()))
-    return SearchResult(final, taken, costs.evaluate(final), tuple(rounds), total_rollouts, evaluations,
+    return SearchResult(final, taken, costs.evaluate(final), tuple(rounds), total_rollouts, len(memo.scored),
                         time.monotonic() - start, settings)
