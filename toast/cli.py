@@ -211,6 +211,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     validate_parser.add_argument("--devices", type=_DEVICES, required=True, metavar="N",
                                  help="host CPU devices (must equal the strategy's mesh size)")
     validate_parser.add_argument("--seed", type=_SEED, default=0, help="seed of the random inputs")
+    validate_parser.add_argument("--hardware", metavar="NAME|FILE", help="price the predictions on this profile "
+                                 "(default: the one the strategy file records)")
     validate_parser.add_argument("--json", metavar="FILE", help="write the agreement as JSON to FILE")
     try:
         options = parser.parse_args(argv)
@@ -349,14 +351,15 @@ def _run(options: argparse.Namespace) -> int:
         check_host_validation(autoshard_plan[0], validate_on_host=options.validate)
     if options.command == "validate":
         from toast.cost.hardware import load_hardware
-        from toast.output.strategy_file import read_strategy, strategy_mesh
+        from toast.output.strategy_file import read_strategy, strategy_hardware, strategy_mesh
 
         document = read_strategy(options.strategy)  # bad input fails before the analysis
         mesh = strategy_mesh(document, path=options.strategy)
         if options.devices != mesh.devices:
             raise ToastError(f"--devices {options.devices}, but the strategy's mesh {mesh.spec()} has "
                              f"{mesh.devices} devices")
-        hardware = load_hardware(str(document["hardware"]))
+        hardware = (load_hardware(options.hardware) if options.hardware
+                    else strategy_hardware(document, path=options.strategy))
     if options.command == "graph":
         color = _parse_color(options.color)
         from toast.output.dimension_graph import graph_format as choose_format
@@ -418,7 +421,7 @@ def _shard(options: argparse.Namespace, analysis, mesh, hardware, roles) -> int:
     state, actions = manual_strategy(model, options.strategy, roles)
     donate = tuple(range(len(analysis.program.arguments))) if options.donate else ()
     cost = CostModel(model, hardware, donate=donate).evaluate(state)
-    document = strategy_json(model, state, actions, cost, source=options.input, hardware=hardware.name,
+    document = strategy_json(model, state, actions, cost, source=options.input, hardware=hardware,
                              name=options.strategy, donate=donate)
     outputs = []
     if options.output:

@@ -23,12 +23,20 @@ def read_toml(path: Path, *, what: str) -> dict[str, Any]:
     Raises:
       ToastError: ``path: cannot read ...`` or ``path:line:column: malformed <what>: ...``.
     """
+    return parse_toml(read_text(path, what=what), path, what=what)
+
+
+def read_text(path: Path, *, what: str) -> str:
+    """The text of the file ``path`` (``what`` it is, for messages).
+
+    Raises:
+      ToastError: ``path: cannot read <what>: ...``.
+    """
     try:
-        text = path.read_text()
+        return path.read_text()
     except (OSError, UnicodeDecodeError) as err:
         reason = err.strerror if isinstance(err, OSError) else "not UTF-8 text"
         raise ToastError(f"{path}: cannot read {what}: {reason}") from None
-    return parse_toml(text, path, what=what)
 
 
 def parse_toml(text: str, path: Path | str, *, what: str) -> dict[str, Any]:

@@ -314,7 +314,7 @@ def with_parameters(hardware: Hardware, parameters: dict[tuple[int, str], float]
         if index >= len(levels) or (field in SWITCH_FIELDS and not levels[index].switch_reduction):
             continue
         levels[index] = replace(levels[index], **cast(dict[str, Any], {field: float(value)}))
-    return replace(hardware, interconnect=tuple(levels))
+    return replace(hardware, interconnect=tuple(levels), text="")  # no longer the file's profile
 
 
 def with_level(hardware: Hardware, index: int, **fields: float) -> Hardware:
@@ -322,4 +322,4 @@ def with_level(hardware: Hardware, index: int, **fields: float) -> Hardware:
     levels = list(hardware.interconnect)
     level: InterconnectLevel = levels[index]
     levels[index] = replace(level, **cast(dict[str, Any], fields))
-    return replace(hardware, interconnect=tuple(levels))
+    return replace(hardware, interconnect=tuple(levels), text="")  # no longer the file's profile

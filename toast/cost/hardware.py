@@ -10,13 +10,14 @@ a node, across nodes, or both) and prices collectives on that topology.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from toast.errors import ToastError
 from toast.resources import resource_dir
-from toast.toml_files import parse_toml, read_toml
+from toast.toml_files import parse_toml, read_text
 
 _TOP_KEYS = ("name", "description", "compute", "memory", "kernels", "compiler", "interconnect")
 _COMPILER_KEYS = ("combine_threshold", "sources")
@@ -102,6 +103,8 @@ class Hardware:
       scatter_add_rate_16bit: the same for 16-bit and narrower elements.
       combine_threshold: bytes up to which the compiler combines independent all-reduces (all-gathers,
         reduce-scatters) of one kind and axis set into one (XLA's collective combiners); 0 combines none.
+      text: the profile's TOML text, as read (strategy files record it, so that any file can be re-priced
+        and validated without the profile file).
     """
 
     name: str
@@ -121,6 +124,7 @@ class Hardware:
     scatter_add_rate: float
     scatter_add_rate_16bit: float
     combine_threshold: float = 0.0
+    text: str = dataclasses.field(default="", repr=False, compare=False)
 
     def matmul_flops(self, dtype: str) -> float:
         """Peak FLOP/s of a matmul whose operands are ``dtype``: f32 at the ``f32_matmul`` rate (what XLA's
@@ -170,13 +174,13 @@ def load_hardware(name_or_path: str) -> Hardware:
             raise ToastError(f"unknown hardware '{name_or_path}' (known: {', '.join(known_hardware())})")
     if not path.is_file():
         raise ToastError(f"{path}: no such hardware profile")
-    return _hardware(read_toml(path, what="hardware profile"), str(path))
+    return hardware_from_text(read_text(path, what="hardware profile"), str(path))
 
 
 def hardware_from_text(text: str, path: str) -> Hardware:
     """The profile in TOML ``text`` (``path`` names it in messages and becomes ``Hardware.path``), checked as
     ``load_hardware`` checks a file."""
-    return _hardware(parse_toml(text, path, what="hardware profile"), path)
+    return dataclasses.replace(_hardware(parse_toml(text, path, what="hardware profile"), path), text=text)
 
 
 def _hardware(data: dict, path: str) -> Hardware:

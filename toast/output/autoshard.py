@@ -204,7 +204,7 @@ def find_strategy(analysis, mesh: Mesh, hardware: Hardware, *, source: str,
         "settings": settings.to_json(),
     }
     document = strategy_json(model, result.state, result.state.actions, result.cost, source=source,
-                             hardware=hardware.name, name="toast", search=search_section)
+                             hardware=hardware, name="toast", search=search_section)
     return Found(model, space, result, costs, document, device_memory, origin, floor, roles, searched)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import functools
 import json
+import math
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from toast.cost.collectives import Collective
+from toast.cost.hardware import Hardware, hardware_from_text, load_hardware
 from toast.cost.model import Cost
 from toast.errors import ToastError
 from toast.frontend.ir import Program
@@ -29,9 +31,37 @@ from toast.sharding.state import Action, ShardingModel, ShardingState, spec_entr
 
 
 def strategy_json(model: ShardingModel, state: ShardingState, actions: Sequence[Any], cost: Cost, *,
-                  source: str, hardware: str, name: str, donate: Sequence[int] = (),
+                  source: str, hardware: Hardware, name: str, donate: Sequence[int] = (),
                   search: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The strategy document of ``state`` (deterministic order); ``search``: how ``toast autoshard`` found it."""
+    """The strategy document of ``state`` (deterministic order); ``search``: how ``toast autoshard`` found it.
+    The hardware profile is recorded by name and, where it was read from TOML, whole (``hardware_profile``),
+    so the file can be priced and validated where the profile file is not."""
+    program = model.analysis.program
+    arguments, results = _tensors_json(model, state)
+    return {
+        "program": program.name,
+        "source": source,
+        "fingerprint": program.fingerprint(),
+        "variant": str(model.analysis.stats.get("variant", "default")),
+        "mesh": {"axes": [[axis, size] for axis, size in model.mesh.axes]},
+        "hardware": hardware.name,
+        **({"hardware_profile": hardware.text} if hardware.text else {}),
+        "strategy": name,
+        "actions": [_action_json(model, action) for action in actions],
+        "state": {"names": int(len(state.masks)),
+                  "masks": base64.b64encode(zlib.compress(state.masks.tobytes(), 9)).decode("ascii")},
+        "arguments": arguments,
+        "results": results,
+        "collectives": [_collective_json(program, c) for c in cost.collectives],
+        **({"donate": sorted(donate)} if donate else {}),
+        **({"search": search} if search is not None else {}),
+        "cost": cost_json(cost),
+    }
+
+
+def _tensors_json(model: ShardingModel, state: ShardingState) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The ``arguments`` and ``results`` entries of a strategy document: name, shape, dtype and the
+    ``PartitionSpec`` entries ``state`` gives each (a list for several axes on one dim)."""
     program = model.analysis.program
 
     def tensor(value_id: int, dim_axes: Sequence[tuple[str, ...]]) -> dict[str, Any]:
@@ -39,24 +69,8 @@ def strategy_json(model: ShardingModel, state: ShardingState, actions: Sequence[
         spec = [list(entry) if isinstance(entry, tuple) else entry for entry in spec_entries(dim_axes)]
         return {"name": value.name, "shape": list(value.shape), "dtype": value.dtype, "partition_spec": spec}
 
-    return {
-        "program": program.name,
-        "source": source,
-        "fingerprint": program.fingerprint(),
-        "variant": str(model.analysis.stats.get("variant", "default")),
-        "mesh": {"axes": [[axis, size] for axis, size in model.mesh.axes]},
-        "hardware": hardware,
-        "strategy": name,
-        "actions": [_action_json(model, action) for action in actions],
-        "state": {"names": int(len(state.masks)),
-                  "masks": base64.b64encode(zlib.compress(state.masks.tobytes(), 9)).decode("ascii")},
-        "arguments": [tensor(v, model.value_axes(state, v)) for v in program.arguments],
-        "results": [tensor(v, model.result_axes(state, k)) for k, v in enumerate(program.results)],
-        "collectives": [_collective_json(program, c) for c in cost.collectives],
-        **({"donate": sorted(donate)} if donate else {}),
-        **({"search": search} if search is not None else {}),
-        "cost": cost_json(cost),
-    }
+    return ([tensor(v, model.value_axes(state, v)) for v in program.arguments],
+            [tensor(v, model.result_axes(state, k)) for k, v in enumerate(program.results)])
 
 
 def cost_json(cost: Any) -> dict[str, Any]:
@@ -149,7 +163,8 @@ def read_strategy(source: str | Path | dict[str, Any]) -> dict[str, Any]:
     problem = schema_problem(document, "strategy")
     if problem:
         raise ToastError(f"{where}: not a valid strategy file: {problem} (write one with `toast shard -o`)")
-    axes = {name for name, _ in document["mesh"]["axes"]}
+    sizes = {name: size for name, size in document["mesh"]["axes"]}
+    axes = set(sizes)
     for kind in ("arguments", "results"):
         for k, tensor in enumerate(document[kind]):
             named = [a for entry in tensor["partition_spec"] if entry is not None
@@ -159,7 +174,23 @@ def read_strategy(source: str | Path | dict[str, Any]) -> dict[str, Any]:
                 why = (f"names mesh axis '{unknown[0]}', which the mesh {sorted(axes)} lacks" if unknown else
                        "uses a mesh axis twice" if len(named) != len(set(named)) else "has more entries than dims")
                 raise ToastError(f"{where}: {kind}[{k}] ({tensor['name']}): the partition_spec {why}")
+            for dim, entry in enumerate(tensor["partition_spec"]):
+                entry_axes = [] if entry is None else [entry] if isinstance(entry, str) else entry
+                devices = math.prod(sizes[axis] for axis in entry_axes)
+                if tensor["shape"][dim] % devices:
+                    raise ToastError(f"{where}: {kind}[{k}] ({tensor['name']}): dim {dim} of size "
+                                     f"{tensor['shape'][dim]} is not divisible by the {devices} devices of "
+                                     f"{'+'.join(entry_axes)}")
     return document
+
+
+def strategy_hardware(document: dict[str, Any], *, path: str | Path) -> Hardware:
+    """The hardware profile a strategy document was made for: the one it records whole, else the bundled
+    profile or TOML file it names."""
+    text = document.get("hardware_profile")
+    if isinstance(text, str) and text:
+        return hardware_from_text(text, f"{path}: hardware_profile")
+    return load_hardware(str(document["hardware"]))
 
 
 def strategy_mesh(document: dict[str, Any], *, path: str | Path) -> Mesh:
@@ -204,4 +235,22 @@ def strategy_state(model: ShardingModel, document: dict[str, Any], *, path: str 
                          f"{model.analysis.names.count}; were other rules (--rules) used?")
     if len(masks) and int(masks.max()) >= 1 << len(mesh.axes):
         raise ToastError(f"{path}: state names mesh axes the mesh {mesh.spec()} does not have")
-    return ShardingState(model.mesh, masks.copy(), ())
+    found = ShardingState(model.mesh, masks.copy(), ())
+    problem = model.problem(found)
+    if problem:
+        raise ToastError(f"{path}: the state is not a valid sharding ({problem}); write the file with `toast shard -o`")
+    # What `validate` and `cost` replay (the state) must be what `Strategy.apply` runs (the specs).
+    for kind, expected in zip(("arguments", "results"), _tensors_json(model, found), strict=True):
+        for k, (given, wanted) in enumerate(zip(document[kind], expected, strict=False)):
+            spec = list(given["partition_spec"]) + [None] * (len(wanted["shape"]) - len(given["partition_spec"]))
+            for field_name, value, want in (("name", given["name"], wanted["name"]),
+                                            ("shape", given["shape"], wanted["shape"]),
+                                            ("dtype", given["dtype"], wanted["dtype"]),
+                                            ("partition_spec", spec, wanted["partition_spec"])):
+                if value != want:
+                    raise ToastError(f"{path}: {kind}[{k}] ({given['name']}): {field_name} {json.dumps(value)} does "
+                                     f"not match the file's state and program ({json.dumps(want)}); was the file "
+                                     "edited? Write it with `toast shard -o`")
+        if len(document[kind]) != len(expected):
+            raise ToastError(f"{path}: {len(document[kind])} {kind}, the program has {len(expected)}")
+    return found
