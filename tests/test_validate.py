@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import analysis_of
 
@@ -23,6 +24,7 @@ from toast import (
     Collective,
     ShardingModel,
     ToastError,
+    analyze,
     load_hardware,
     manual_strategy,
     parse_mesh,
@@ -293,3 +295,70 @@ def test_sharded_jit_refuses_another_program(mlp_strategy):
     fn, args = transpose_matmul()
     with pytest.raises(ToastError, match="strategy file for another program"):
         sharded_jit(mlp_strategy, fn, args)
+
+
+# ---- numerics that hold NaN, and optimizer states -----------------------------------------
+
+
+def _batch_split(name: str, fn, args, batch_argument: str):
+    """The program with ``batch_argument``'s dim 0 on ``batch`` (its color follows), on 8 host devices."""
+    from toast.search.actions import ActionSpace
+
+    model = ShardingModel(analyze(name, fn=fn, args=args, engine="embedded"), parse_mesh("batch=4,model=2"))
+    return model, ActionSpace(model, pinned={batch_argument: ("batch",)}).initial
+
+
+def _adam_step():
+    import jax
+    import jax.numpy as jnp
+
+    def step(w, m, v, x, y):
+        grad = jax.grad(lambda w: jnp.mean((x @ w - y) ** 2))(w)
+        m = 0.9 * m + 0.1 * grad
+        v = 0.999 * v + 0.001 * grad * grad
+        return w - 1e-3 * m / (jnp.sqrt(v) + 1e-8), m, v
+
+    f32 = jnp.float32
+    return step, (jax.ShapeDtypeStruct((16, 8), f32), jax.ShapeDtypeStruct((16, 8), f32),
+                  jax.ShapeDtypeStruct((16, 8), f32), jax.ShapeDtypeStruct((32, 16), f32),
+                  jax.ShapeDtypeStruct((32, 8), f32))
+
+
+def test_an_adam_step_split_on_the_batch_validates_with_finite_numbers():
+    model, state = _batch_split("adam", *_adam_step(), "x")
+    report = check_sharded_module(sharded_module_text(model, state), model.mesh.axes)
+    assert report.numerics.match and report.numerics.nan_values == 0 and report.numerics.outputs == 3
+
+
+def test_nan_where_the_reference_has_nan_is_a_match():
+    import jax
+    import jax.numpy as jnp
+
+    def nan_rows(x, w):
+        # log of x - 0.1: NaN wherever an input is below 0.1 (about 9 in 10 of 0.1 * |N(0, 1)|), spread
+        # over whole rows by the matmul; the other rows finite.
+        return jnp.log(x - 0.1) @ w
+
+    f32 = jnp.float32
+    model, state = _batch_split("nan_rows", nan_rows, (jax.ShapeDtypeStruct((32, 2), f32),
+                                                        jax.ShapeDtypeStruct((2, 8), f32)), "x")
+    report = check_sharded_module(sharded_module_text(model, state), model.mesh.axes)
+    assert 0 < report.numerics.nan_values < 32 * 8 and report.numerics.nan_mismatches == 0
+    assert report.numerics.match and report.numerics.max_abs_error < 1e-4
+
+
+@pytest.mark.parametrize("got, want, close, error, one_sided", [
+    ([1.00001, np.nan], [1.0, np.nan], True, 1e-5, 0),  # NaN where the reference has NaN: a match
+    ([1.0, 2.0], [1.0, np.nan], False, 0.0, 1),  # NaN on one side only: a mismatch, counted
+    ([np.nan, 2.0], [1.0, 2.0], False, 0.0, 1),
+    ([1.0, np.inf], [1.0, np.inf], True, 0.0, 0),  # the same infinity
+    ([1.0, -np.inf], [1.0, np.inf], False, 0.0, 0),
+    ([1.001, 5.0], [1.0, 5.0], False, 1e-3, 0),  # 1e-3 over 1e-5 + 1e-4 * 5 (the scale below)
+])
+def test_shard_agreement_is_nan_aware(got, want, close, error, one_sided):
+    from toast.xla.worker import finite_scale, shard_agreement
+
+    scale = finite_scale(np.array([1.0, np.nan, -5.0, np.inf]))
+    assert scale == 5.0
+    found = shard_agreement(np.array(got), np.array(want), tolerance=(1e-4, 1e-5), scale=scale)
+    assert found[0] is close and found[1] == pytest.approx(error, abs=1e-12) and found[2] == one_sided

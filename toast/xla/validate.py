@@ -189,8 +189,10 @@ def format_agreement(agreement: Agreement) -> str:
                  f"({agreement.agreement:.0%}; predicted {agreement.predicted_count}, XLA {agreement.xla_count})")
     lines.append(f"peak memory per device: predicted {agreement.predicted_peak_bytes} B, XLA "
                  f"{agreement.xla_peak_bytes} B (arguments + outputs + temporaries; {agreement.peak_error:+.1%})")
+    nans = (f"; {numerics.nan_values} NaN in the reference, {numerics.nan_mismatches} NaN on one side only"
+            if numerics.nan_values or numerics.nan_mismatches else "")
     lines.append(f"numerics: {'match' if numerics.match else 'MISMATCH'} over {numerics.outputs} outputs "
-                 f"(max abs error {numerics.max_abs_error:.3g})")
+                 f"(max abs error {numerics.max_abs_error:.3g}{nans})")
     return "\n".join(lines) + "\n"
 
 
@@ -213,7 +215,8 @@ def agreement_json(agreement: Agreement) -> dict[str, Any]:
     """The agreement as JSON (``toast validate --json``)."""
     return {
         "numerics": {"match": agreement.numerics.match, "max_abs_error": agreement.numerics.max_abs_error,
-                     "outputs": agreement.numerics.outputs},
+                     "outputs": agreement.numerics.outputs, "nan_values": agreement.numerics.nan_values,
+                     "nan_mismatches": agreement.numerics.nan_mismatches},
         "collectives": [{"kind": r.kind, "axes": list(r.axes), "predicted": r.predicted, "xla": r.xla,
                          "predicted_bytes": r.predicted_bytes, "xla_bytes": r.xla_bytes, "matched": r.matched}
                         for r in agreement.rows],

@@ -117,13 +117,20 @@ class Numerics:
         with rtol=1e-4, atol=1e-5 + rtol·max|reference| for f32/f64, rtol=atol=1e-2 (plus the
         same scaled term) for f16/bf16, exact for integers: sharding reorders sums, whose
         rounding error follows the output's magnitude).
-      max_abs_error: the largest absolute difference over all outputs and devices.
+        A NaN matches a NaN at the same place (a program that makes NaN makes it sharded or not); a
+        NaN on one side only is a mismatch.
+      max_abs_error: the largest absolute difference over all outputs and devices, where neither side is
+        NaN or infinite.
       outputs: how many outputs ``@main`` returns.
+      nan_values: NaN elements of the reference outputs.
+      nan_mismatches: output elements NaN on one side only (over all devices' shards).
     """
 
     match: bool
     max_abs_error: float
     outputs: int
+    nan_values: int = 0
+    nan_mismatches: int = 0
 
 
 @dataclass(frozen=True)
@@ -277,7 +284,8 @@ def report_from_json(reply: dict[str, Any]) -> XlaReport:
     numerics = reply["numerics"]
     return XlaReport(
         numerics=Numerics(match=bool(numerics["match"]), max_abs_error=float(numerics["max_abs_error"]),
-                          outputs=int(numerics["outputs"])),
+                          outputs=int(numerics["outputs"]), nan_values=int(numerics.get("nan_values", 0)),
+                          nan_mismatches=int(numerics.get("nan_mismatches", 0))),
         collectives=tuple(
             XlaCollective(kind=c["kind"], axes=tuple(c["axes"]), groups=tuple(tuple(g) for g in c["groups"]),
                           dtype=c["dtype"], shape=tuple(c["shape"]), bytes_in=int(c["bytes_in"]),
@@ -762,8 +770,9 @@ def _numpy_dtype(element_type: str) -> Any:
 
 
 def _random_inputs(arguments: Sequence[tuple[tuple[int, ...], str]], *, seed: int) -> list[Any]:
-    """Seeded inputs: floats ``0.1 * N(0, 1)``; integers uniform in ``[0, k)`` where ``k`` is
-    the smallest dimension (>1) of any argument, so that they index any of them; booleans
+    """Seeded inputs: floats ``0.1 * |N(0, 1)|`` (non-negative, so that an optimizer state such as Adam's
+    second moment stays non-negative and its square root finite); integers uniform in ``[0, k)`` where
+    ``k`` is the smallest dimension (>1) of any argument, so that they index any of them; booleans
     uniform."""
     import numpy as np
 
@@ -780,7 +789,7 @@ def _random_inputs(arguments: Sequence[tuple[tuple[int, ...], str]], *, seed: in
         elif np.issubdtype(dtype, np.complexfloating):
             value = (0.1 * (rng.standard_normal(shape) + 1j * rng.standard_normal(shape))).astype(dtype)
         else:
-            value = (0.1 * rng.standard_normal(shape)).astype(dtype)
+            value = (0.1 * np.abs(rng.standard_normal(shape))).astype(dtype)
         inputs.append(value)
     return inputs
 
@@ -832,21 +841,21 @@ def _compare(outputs: Sequence[Sequence[Any]], expected: Sequence[Any], sharding
       devices: the devices of the sharded run.
 
     Returns:
-      ``{"match", "max_abs_error", "outputs"}`` as in ``Numerics``.
+      ``{"match", "max_abs_error", "outputs", "nan_values", "nan_mismatches"}`` as in ``Numerics``.
     """
     import numpy as np
     from jax.extend.sharding import GSPMDSharding
 
     if len(outputs) != len(expected) or len(shardings) != len(expected):
         raise ToastError(f"the sharded module returns {len(outputs)} outputs, the reference {len(expected)}")
-    match, worst = True, 0.0
+    match, worst, nan_values, nan_mismatches = True, 0.0, 0, 0
     for output, reference, op_sharding in zip(outputs, expected, shardings, strict=True):
         reference = np.asarray(reference)
         where = GSPMDSharding(tuple(devices), op_sharding).devices_indices_map(reference.shape)
         tolerance = _TOLERANCES.get(_short_dtype(reference.dtype))
-        # Sharding reorders sums: their rounding error scales with the output's magnitude,
-        # not with each element's, so the absolute tolerance does too.
-        scale = float(np.max(np.abs(reference))) if reference.size and tolerance is not None else 0.0
+        scale = finite_scale(reference)
+        if np.issubdtype(reference.dtype, np.inexact):
+            nan_values += int(np.isnan(reference).sum())
         for shard in output:
             got = np.asarray(shard)
             want = reference[where[next(iter(shard.devices()))]]
@@ -854,15 +863,43 @@ def _compare(outputs: Sequence[Sequence[Any]], expected: Sequence[Any], sharding
                 raise ToastError(f"output shard of shape {got.shape} where the reference slice is {want.shape}")
             if got.size == 0:
                 continue
-            error = float(np.max(np.abs(got.astype(np.complex128) - want.astype(np.complex128))))
+            close, error, mismatched = shard_agreement(got, want, tolerance=tolerance, scale=scale)
+            match &= close
             worst = max(worst, error)
-            if tolerance is None:
-                match &= bool(np.array_equal(got, want))
-            else:
-                rtol, atol = tolerance
-                match &= bool(np.allclose(got.astype(np.float64), want.astype(np.float64), rtol=rtol,
-                                          atol=atol + rtol * scale, equal_nan=True))
-    return {"match": match, "max_abs_error": worst, "outputs": len(expected)}
+            nan_mismatches += mismatched
+    return {"match": match, "max_abs_error": worst, "outputs": len(expected), "nan_values": nan_values,
+            "nan_mismatches": nan_mismatches}
+
+
+def finite_scale(reference: Any) -> float:
+    """The largest magnitude among the finite values of ``reference`` (0 where there are none): what the
+    absolute tolerance scales with (sharding reorders sums, whose rounding error follows the output's
+    magnitude, not each element's); one NaN or infinity must not make every tolerance NaN or infinite."""
+    import numpy as np
+
+    values = np.abs(np.asarray(reference).astype(np.complex128))
+    finite = values[np.isfinite(values)]
+    return float(finite.max()) if finite.size else 0.0
+
+
+def shard_agreement(got: Any, want: Any, *, tolerance: tuple[float, float] | None, scale: float
+                    ) -> tuple[bool, float, int]:
+    """One output shard against its reference slice: ``(close, largest absolute difference where both are
+    finite, elements NaN on one side only)``. Close: no NaN on one side only, and the rest within
+    ``tolerance`` (rtol, atol), the absolute part plus rtol·``scale``, or equal where ``tolerance`` is
+    ``None`` (integers, booleans); NaN matches NaN, an infinity the same infinity."""
+    import numpy as np
+
+    got_c, want_c = np.asarray(got).astype(np.complex128), np.asarray(want).astype(np.complex128)
+    mismatched = int((np.isnan(got_c) != np.isnan(want_c)).sum())
+    both = np.isfinite(got_c) & np.isfinite(want_c)
+    error = float(np.max(np.abs(got_c[both] - want_c[both]))) if both.any() else 0.0
+    if tolerance is None:
+        close = bool(np.array_equal(got_c, want_c, equal_nan=True))
+    else:
+        rtol, atol = tolerance
+        close = bool(np.allclose(got_c, want_c, rtol=rtol, atol=atol + rtol * scale, equal_nan=True))
+    return mismatched == 0 and close, error, mismatched
 
 
 def _short_dtype(dtype: Any) -> str:
