@@ -362,3 +362,36 @@ def test_shard_agreement_is_nan_aware(got, want, close, error, one_sided):
     assert scale == 5.0
     found = shard_agreement(np.array(got), np.array(want), tolerance=(1e-4, 1e-5), scale=scale)
     assert found[0] is close and found[1] == pytest.approx(error, abs=1e-12) and found[2] == one_sided
+
+
+def test_a_parameter_stored_split_on_two_dims_is_gathered_one_dim_at_a_time_as_xla_does():
+    """gpt_small's w_fc (64 x 256 f32, 65,536 B) stored split on batch (dim 0) and model (dim 1), used whole:
+    XLA gathers dim 1 over model (8,192 -> 16,384 B per device), then dim 0 over batch (16,384 -> 65,536 B),
+    not one all-gather over batch+model."""
+    from toast.cost.model import CostModel
+    from toast.search.actions import ActionSpace
+
+    analysis = analysis_of(GPT)
+    model = ShardingModel(analysis, parse_mesh("batch=4,model=2"))
+    space = ActionSpace(model, min_names=1)
+    program = analysis.program
+    w_fc = next(v for v in program.arguments if program.values[v].name == "params['blocks'][0]['w_fc']")
+    base = analysis.names.def_base[w_fc]
+
+    def stored_on(dim: int, axis: str) -> int:
+        return next(i for i, a in enumerate(space.actions) if a.stored and a.axis == axis
+                    and base + dim in space.names(i))
+
+    atoms = space.step(space.initial_atoms, stored_on(0, "batch"))
+    assert atoms is not None
+    atoms = space.step(atoms, stored_on(1, "model"))
+    assert atoms is not None
+    state = space.state(atoms)
+    costs = CostModel(model, A100)
+    cost = costs.evaluate(state)
+    assert [(c.kind, c.axes, c.bytes_in, c.bytes_out) for c in cost.collectives if c.value == w_fc] == [
+        ("all-gather", ("model",), 8192, 16384), ("all-gather", ("batch",), 16384, 65536)]
+    report = check_sharded_module(sharded_module_text(model, state, communication=costs.communication),
+                                  model.mesh.axes)
+    agreement = compare(cost.collectives, cost.peak_bytes, report, tolerance=0.1)
+    assert agreement.matched == agreement.predicted_count == agreement.xla_count

@@ -520,32 +520,36 @@ class CommunicationModel:
         in_bytes = value_bytes[hit_values[kept]]
         gathered_bytes = in_bytes * self.model.devices_of_mask[gathered]
         value, op, operand = self._site_values[sites], self._site_ops[sites], self._site_operands[sites]
+        # XLA gathers one dim at a time, the last dim first: a value split on two dims (FSDP over one axis,
+        # the layer's own split over another) is two all-gathers, each bytes_in -> bytes_in * its devices.
+        per_dim = moved_names[kept][:, ::-1] & gathered[:, None].astype(np.uint8)  # [sites, dims last first]
+        gather_site, gather_step = np.nonzero(per_dim)
         all_to_alls = to_all != 0
-        if not all_to_alls.any():  # every site moves by one all-gather
+        if not all_to_alls.any() and len(gather_site) == len(sites):  # each site: one all-gather, of one dim
             return CollectiveTable(kind=np.full(len(sites), ALL_GATHER, dtype=np.int64), axes_mask=gathered,
                                    value=value, op=op, operand=operand, bytes_in=in_bytes, bytes_out=gathered_bytes,
                                    last_op=last_op)
-        gathers = gathered != 0
-        counts = gathers.astype(np.int64) + all_to_alls
-        first_row = np.cumsum(counts) - counts
-        gather_rows = first_row[gathers]
-        all_to_all_rows = (first_row + gathers)[all_to_alls]
-        rows = int(counts.sum())
-        kind = np.empty(rows, dtype=np.int64)
-        axes = np.empty(rows, dtype=np.int64)
-        bytes_in = np.empty(rows, dtype=np.int64)
-        bytes_out = np.empty(rows, dtype=np.int64)
-        kind[gather_rows] = ALL_GATHER
-        axes[gather_rows] = gathered[gathers]
-        bytes_in[gather_rows] = in_bytes[gathers]
-        bytes_out[gather_rows] = gathered_bytes[gathers]
-        kind[all_to_all_rows] = ALL_TO_ALL
-        axes[all_to_all_rows] = to_all[all_to_alls]
-        bytes_in[all_to_all_rows] = gathered_bytes[all_to_alls]
-        bytes_out[all_to_all_rows] = gathered_bytes[all_to_alls]
-        return CollectiveTable(kind=kind, axes_mask=axes, value=np.repeat(value, counts), op=np.repeat(op, counts),
-                               operand=np.repeat(operand, counts), bytes_in=bytes_in, bytes_out=bytes_out,
-                               last_op=np.repeat(last_op, counts))
+        step_axes = per_dim[gather_site, gather_step].astype(np.int64)
+        step_devices = self.model.devices_of_mask[step_axes]
+        # Bytes out of each step: the site's bytes times the devices of its steps so far (steps in site order).
+        later = np.flatnonzero(np.append(False, gather_site[1:] == gather_site[:-1]))  # a site's steps after its first
+        grown = step_devices.copy()
+        while len(later):  # a site has at most one step per dim: a few passes
+            grown[later] = grown[later - 1] * step_devices[later]
+            later = later[np.isin(later - 1, later)]
+        step_out = in_bytes[gather_site] * grown
+        step_in = step_out // step_devices
+        # Rows: each site's gather steps, then its all-to-all.
+        site_of_row = np.concatenate((gather_site, np.flatnonzero(all_to_alls)))
+        order = np.argsort(site_of_row, kind="stable")
+        kind = np.concatenate((np.full(len(gather_site), ALL_GATHER), np.full(int(all_to_alls.sum()), ALL_TO_ALL)))
+        axes = np.concatenate((step_axes, to_all[all_to_alls]))
+        bytes_in = np.concatenate((step_in, gathered_bytes[all_to_alls]))
+        bytes_out = np.concatenate((step_out, gathered_bytes[all_to_alls]))
+        rows = site_of_row[order]
+        return CollectiveTable(kind=kind[order].astype(np.int64), axes_mask=axes[order], value=value[rows],
+                               op=op[rows], operand=operand[rows], bytes_in=bytes_in[order],
+                               bytes_out=bytes_out[order], last_op=last_op[rows])
 
     def use_axes(self, state: ShardingState, op_id: int, operand: int) -> tuple[tuple[str, ...], ...]:
         """Axes sharding each dim of an operand as the op uses it (a dim the op cannot split is

@@ -655,7 +655,12 @@ class CostModel:
         buffer over its live range, and every value resharded for its uses (gathered parameters, Figure 5b's
         k) as a second copy from its first such use to its last."""
         positions = len(self.plan.kernels) + 3
-        uses = collectives.operand >= 0
+        # A use's steps (an all-gather per dim, then an all-to-all) leave one copy: its last step's output (the
+        # ones before are consumed by the next step at once).
+        op, operand, value = collectives.op, collectives.operand, collectives.value
+        last_step = np.ones(len(collectives), dtype=bool)
+        last_step[:-1] = (op[1:] != op[:-1]) | (operand[1:] != operand[:-1]) | (value[1:] != value[:-1])
+        uses = (collectives.operand >= 0) & last_step
         used_by, copy_bytes = collectives.op[uses], collectives.bytes_out[uses]
         last_user = np.maximum(collectives.last_op[uses], used_by)
         # Sums of whole bytes (below 2**53) in float64: exact, as int64 sums would be.
