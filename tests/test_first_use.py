@@ -96,3 +96,57 @@ def test_the_readmes_shard_example_runs(tmp_path, capsys):
     argv = command.split()[1:-1] + [str(tmp_path / "s.json"), "--engine", "embedded"]
     assert main(argv) == 0
     assert json.loads((tmp_path / "s.json").read_text())["mesh"]["axes"] == [["batch", 2], ["model", 4]]
+
+
+def test_the_readme_quick_path_compares_every_strategy(capsys):
+    """The README's second command: on gpt_small sized to a batch of 8, every manual strategy but the two
+    whose roles both want `model` applies, and those two say so in the roles' terms."""
+    assert main(["compare", "toast.examples.gpt:gpt_small?batch=8", "--mesh", "batch=4,model=2", "--engine",
+                 "embedded", "--rollouts", "50", "--workers", "1"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| ") and not line.startswith("| strategy")]
+    applied = [row.split(" | ")[0][2:] for row in rows if "does not apply" not in row]
+    assert applied == ["toast", "data_parallel", "megatron", "fsdp", "sequence", "fsdp+megatron", "fsdp+sequence"]
+    assert ("| megatron+sequence, fsdp+megatron+sequence | - | - | - | does not apply: role 'sequence' on model: "
+            in out)
+    assert "(roles heads, mlp and sequence all want model)" in out and "color" not in out.split("| toast |")[1]
+
+
+def test_strategies_that_do_not_apply_for_one_reason_are_one_row(capsys):
+    assert main(["compare", "toast.examples.gpt:gpt_small", "--mesh", "batch=4,model=2", "--engine", "embedded",
+                 "--rollouts", "20", "--workers", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("does not apply") == 1
+    assert ("does not apply: role 'batch' on batch: tokens[0] has 2 elements, not divisible by the 4 devices of "
+            "batch" in out)
+
+
+def test_roles_lists_the_arguments_and_writes_the_proposed_roles(tmp_path, capsys):
+    out = tmp_path / "gpt.roles.toml"
+    assert main(["roles", "toast.examples.gpt:gpt_small", "--engine", "embedded", "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "arguments of jit_train_step (38):" in printed
+    assert "  tokens" in printed and "[2, 16] i32" in printed
+    assert "params['wte']" in printed and "[128, 64] f32" in printed
+    text = out.read_text()
+    assert 'batch = ["tokens:0", "targets:0"]' in text and text in printed
+    # The file is a roles file: shard reads it back.
+    assert main(["shard", "toast.examples.gpt:gpt_small", "--mesh", "batch=2,model=4", "--strategy", "megatron",
+                 "--roles", str(out), "--engine", "embedded"]) == 0
+
+
+def test_analyze_prints_the_argument_names(capsys):
+    assert main(["analyze", "toast.examples.mlp:mlp", "--engine", "embedded"]) == 0
+    assert "arguments (3): x [256, 32] f32; w1 [32, 64] f32; w2 [64, 16] f32" in capsys.readouterr().out
+
+
+def test_locations_are_the_users_lines_not_a_librarys():
+    """explain, the unruled-op list and the buffers at the peak name the user's line: Equinox's layers are
+    frames in site-packages, the ViT's own lines are the user's."""
+    pytest.importorskip("equinox")
+    from toast import analyze
+
+    analysis = analyze("benchmarks.programs.equinox_vit:equinox_vit", engine="embedded")
+    files = {value.loc.rpartition(":")[0] for value in analysis.program.values if value.loc}
+    assert not [name for name in files if "site-packages" in name]
+    assert any(name.endswith("benchmarks/programs/equinox_vit.py") for name in files)

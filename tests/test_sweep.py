@@ -43,6 +43,8 @@ def _settled(records):
 
 def test_sweep_file_is_the_product_of_its_lists(tmp_path):
     path = tmp_path / "sweep.toml"
+    path.write_text(SMALL.replace("rollouts = 40", "rollouts = [40, 80]"))
+    assert [job.rollouts for job in load_sweep(path).jobs[:4]] == [40, 80, 40, 80]
     path.write_text(SMALL)
     plan = load_sweep(path)
     assert len(plan.jobs) == 2 * 3 * 2
@@ -107,6 +109,9 @@ def test_failing_jobs_are_rows_with_their_error(tmp_path, capsys):
 @pytest.mark.parametrize("text, message", [
     ("[sweep]\nmeshes = ['a=2']\n", "[sweep] models must be a non-empty list of strings"),
     ("[sweep]\nmodels = ['mlp']\nmeshes = ['a=2']\nrollouts = 0\n", "rollouts must be a positive integer"),
+    ("[sweep]\nmodels = ['mlp']\nmeshes = ['a=2']\nrollouts = [10, 0]\n", "or a non-empty list of them"),
+    ("[sweep]\nmodels = ['mlp']\nmeshes = ['a=2']\nseeds = [-1]\n", "seeds must be a non-empty list of integers, 0 or"),
+    ("[sweep]\nmodels = ['mlp']\nmeshes = ['a=2']\nmemory = [inf]\n", "memory must list GiB per device"),
     ("[sweep]\nmodels = ['mlp']\nmeshes = ['a=2']\nmemory = [-1]\n", "memory must list GiB per device"),
     ("[sweep]\nmodels = ['mlp']\nmeshes = ['a=2']\ncolour = 1\n", "unknown key 'colour'"),
     ("[sweep]\nmodels = ['mlp'\n", "sweep.toml: "),

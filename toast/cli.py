@@ -114,6 +114,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     analyze_parser.add_argument("--json", metavar="FILE", help="write the analysis as JSON to FILE")
     analyze_parser.add_argument("--propose-roles", metavar="FILE", help="write the roles toast proposes from the "
                                 "analysis (what autoshard and compare use without a roles file) as a roles file")
+    roles_parser = commands.add_parser("roles", help="list the program's arguments and the roles toast proposes "
+                                       "from the analysis; -o writes them as a roles file to edit")
+    _add_analysis_options(roles_parser)
+    roles_parser.add_argument("-o", "--output", metavar="FILE", help="write the proposed roles as a roles file "
+                              "(TOML, for --roles)")
     explain_parser = commands.add_parser("explain", help="why two dims share a color")
     _add_analysis_options(explain_parser)
     explain_parser.add_argument("dim_a", metavar="DIM_A",
@@ -314,7 +319,7 @@ def _run(options: argparse.Namespace) -> int:
     from toast.analysis.named_dimensions import analyze
     from toast.frontend.loading import parse_factory_arguments
     from toast.output.files import Output, check_output, json_text, write_outputs
-    from toast.output.report import summary, to_json
+    from toast.output.report import argument_table, summary, to_json
 
     if options.command == "sweep":
         return _sweep(options)
@@ -379,6 +384,16 @@ def _run(options: argparse.Namespace) -> int:
             outputs.append(Output("--propose-roles", Path(options.propose_roles), propose_roles(analysis).to_toml()))
         write_outputs(outputs)
         print(summary(analysis), end="")
+        return 0
+    if options.command == "roles":
+        from toast.sharding.propose import propose_roles
+
+        proposed = propose_roles(analysis).to_toml()
+        if options.output:
+            write_outputs([Output("-o", Path(options.output), proposed)])
+        print(argument_table(analysis), end="")
+        print(f"roles proposed from the analysis{f' (written to {options.output})' if options.output else ''}:")
+        print(proposed, end="")
         return 0
     if options.command == "shard":
         return _shard(options, analysis, mesh, hardware, roles)

@@ -119,10 +119,19 @@ def comparison_table(result: CompareResult) -> str:
         header += " XLA on host devices |"
         rule += "---|"
     lines = [header, rule]
+    # Strategies that do not apply for one reason are one row (all eight, where the batch role is missing).
+    reasons: dict[str, list[str]] = {}
+    for row in result.rows:
+        if row.cost is None:
+            reasons.setdefault(row.reason.replace(f"strategy '{row.name}' ", ""), []).append(row.name)
     for row in result.rows:
         seconds = f"{row.search_seconds:.1f}" if row.search_seconds is not None else ""
         if row.cost is None:
-            line = f"| {markdown_cell(row.name)} | - | - | - | does not apply: {markdown_cell(row.reason)} | |"
+            reason = row.reason.replace(f"strategy '{row.name}' ", "")
+            names = reasons.pop(reason, None)
+            if names is None:
+                continue  # shown with the first strategy of its reason
+            line = f"| {markdown_cell(', '.join(names))} | - | - | - | does not apply: {markdown_cell(reason)} | |"
         else:
             line = (f"| {markdown_cell(row.name)} | {human_seconds(row.cost.step_time_s)} | "
                     f"{human_bytes(row.cost.peak_bytes)} | "

@@ -10,7 +10,8 @@ A sweep file is TOML::
     memory = ["hbm", 16]          # GiB per device, or "hbm" for the profile's (default ["hbm"])
     seeds = [0]                   # default [0]
     rollouts = 500                # the search's rollout budget (default 2000; a budget, not seconds, so
-                                  # the same job gives the same strategy wherever it runs)
+                                  # the same job gives the same strategy wherever it runs); a list of
+                                  # budgets, e.g. [500, 2000], is one more axis of the product
 
 Every combination is a job, named by its settings (``Job.key``). A job writes ``DIR/jobs/<key>.json``: its
 settings and either its comparison (``toast compare``'s JSON: toast's strategy file and every manual
@@ -84,7 +85,7 @@ class Job:
 
 @dataclass(frozen=True, slots=True)
 class Sweep:
-    """A sweep file's jobs, in its order (models, then meshes, hardware, memory limits, seeds)."""
+    """A sweep file's jobs, in its order (models, then meshes, hardware, memory limits, seeds, rollouts)."""
 
     source: str
     jobs: tuple[Job, ...]
@@ -132,10 +133,12 @@ def load_sweep(path: str | Path) -> Sweep:
                                                             for s in seeds):
         raise InputError(f"{path}: [sweep] seeds must be a non-empty list of integers, 0 or more")
     rollouts = table.get("rollouts", 2000)
-    if not isinstance(rollouts, int) or isinstance(rollouts, bool) or rollouts < 1:
-        raise InputError(f"{path}: [sweep] rollouts must be a positive integer")
-    jobs = tuple(Job(model, mesh, name, limit, seed, rollouts)
-                 for model, mesh, name, limit, seed in itertools.product(models, meshes, hardware, memory, seeds))
+    budgets = rollouts if isinstance(rollouts, list) else [rollouts]  # one budget, or a list: one job each
+    if not budgets or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 1 for r in budgets):
+        raise InputError(f"{path}: [sweep] rollouts must be a positive integer or a non-empty list of them")
+    jobs = tuple(Job(model, mesh, name, limit, seed, budget)
+                 for model, mesh, name, limit, seed, budget in itertools.product(models, meshes, hardware, memory,
+                                                                                 seeds, budgets))
     return Sweep(str(path), jobs)
 
 

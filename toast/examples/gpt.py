@@ -179,9 +179,11 @@ def gpt_train_step(*, layers: int = 2, batch: int = 8, seq: int = 128, d_model: 
     return train_step, (params, tokens, targets)
 
 
-def gpt_small(*, layers: int = 2, scan_layers: bool = False):
-    """A tiny GPT step for fast tests: B=2, S=16, D=64, H=4, V=128, F=256."""
-    return gpt_train_step(layers=layers, batch=2, seq=16, d_model=64, heads=4, vocab=128,
+def gpt_small(*, layers: int = 2, batch: int = 2, seq: int = 16, d_model: int = 64, heads: int = 4, vocab: int = 128,
+              scan_layers: bool = False):
+    """A tiny GPT step for fast tests: B=2, S=16, D=64, H=4, V=128, F=4D=256 (each size can be given:
+    ``gpt_small?batch=8`` for a batch a 4- or 8-way data axis divides)."""
+    return gpt_train_step(layers=layers, batch=batch, seq=seq, d_model=d_model, heads=heads, vocab=vocab,
                           scan_layers=scan_layers)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sysconfig
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -247,24 +248,47 @@ def _parse_error_line(source: str, err: Any) -> str:
 
 
 def python_location(location: Any) -> str:
-    """``file:line`` of the innermost user frame in an MLIR location, ``""`` if none.
+    """``file:line`` of the innermost frame of the user's own code in an MLIR location, ``""`` if none.
 
-    JAX writes ``NameLoc("jit(f)/dot_general", CallSiteLoc(callee, caller))`` chains whose
-    innermost callee is the user's own line.
+    JAX writes ``NameLoc("jit(f)/dot_general", CallSiteLoc(callee, caller))`` chains, innermost frame
+    first, with JAX's own frames left out; a library's frames (Flax, Equinox, Hugging Face: anything
+    installed in site-packages) stay, so the first frame outside them is the user's line. Where every
+    frame is a library's, the innermost.
     """
     _load_ir()
+    frames: list[str] = []
     pending = [location]
     while pending:
         loc = pending.pop()
         if isinstance(loc, ir.FileLineColLoc):
-            return f"{loc.filename}:{loc.start_line}"
-        if isinstance(loc, ir.NameLoc):
+            frames.append(f"{loc.filename}:{loc.start_line}")
+        elif isinstance(loc, ir.NameLoc):
             pending.append(loc.child_loc)
         elif isinstance(loc, ir.CallSiteLoc):
-            pending.append(loc.callee)
+            pending.extend((loc.caller, loc.callee))  # the callee (inner) is taken first
         elif isinstance(loc, ir.FusedLoc):
             pending.extend(reversed(list(loc.locations)))
-    return ""
+    users = [frame for frame in frames if not _library_frame(frame)]
+    return users[0] if users else frames[0] if frames else ""
+
+
+_LIBRARY_DIRS = ("site-packages", "dist-packages")
+
+
+_TOAST_DIR = str(Path(__file__).resolve().parent.parent)
+_EXAMPLES_DIR = os.path.join(_TOAST_DIR, "examples")
+
+
+def _library_frame(frame: str) -> bool:
+    """Whether ``file:line`` is in an installed library, Python's own library or toast (which lowers the
+    program: its bundled examples excepted), not the user's code."""
+    path = frame.rpartition(":")[0]
+    parts = path.replace("\\", "/").split("/")
+    if any(part in _LIBRARY_DIRS for part in parts):
+        return True
+    if path.startswith(_TOAST_DIR + os.sep) and not path.startswith(_EXAMPLES_DIR + os.sep):
+        return True
+    return path.startswith(sysconfig.get_paths()["stdlib"] + os.sep)
 
 
 def _name_of_location(location: Any) -> str:

@@ -123,11 +123,29 @@ def summary(analysis: Analysis, *, top: int = 10) -> str:
         more = f", ... ({len(color.dims)} definition dims)" if len(color.dims) > 3 else ""
         sizes = sorted({d.size for d in color.dims})
         largest.append({"id": color.id, "size": color.size, "dim_sizes": sizes, "examples": shown + more})
+    program = analysis.program
+    arguments = [(program.values[v].name, list(program.values[v].shape), program.values[v].dtype)
+                 for v in program.arguments]
     text = template("summary.txt.j2", trim_blocks=True, lstrip_blocks=True).render(
-        program=analysis.program, stats=analysis.stats, largest=largest, unruled=analysis.unruled_ops,
-        variant=analysis.stats.get("variant", ""),
+        program=program, stats=analysis.stats, largest=largest, unruled=analysis.unruled_ops,
+        variant=analysis.stats.get("variant", ""), arguments=arguments, shown_arguments=ARGUMENTS_SHOWN,
     )
     return text.rstrip("\n") + "\n"
+
+
+ARGUMENTS_SHOWN = 12  # in the summary; `toast roles` lists them all
+
+
+def argument_table(analysis: Analysis) -> str:
+    """Every argument of the program, one per line: its name as roles files and pins spell it, its shape
+    and element type."""
+    program = analysis.program
+    rows = [(program.values[v].name, "[" + ", ".join(map(str, program.values[v].shape)) + "]", program.values[v].dtype)
+            for v in program.arguments]
+    width = max((len(name) for name, _, _ in rows), default=0)
+    lines = [f"arguments of {program.name} ({len(rows)}):"]
+    lines += [f"  {name.ljust(width)}  {shape} {dtype}" for name, shape, dtype in rows]
+    return "\n".join(lines) + "\n"
 
 
 def markdown_cell(text: object) -> str:

@@ -154,18 +154,27 @@ def manual_strategy(model: ShardingModel, name: str, roles: Roles
         raise ToastError(f"{roles.source}: no entry names an argument dim of {analysis.program.name} "
                          f"({_some_arguments(analysis)})")
     first = _data_axis(model.mesh)
-    actions: list[Action | ShardNodes] = [Action(c, first) for c in role_colors(analysis, roles, "batch")]
+    planned: list[tuple[str, Action]] = [("batch", Action(c, first)) for c in role_colors(analysis, roles, "batch")]
     if "megatron" in parts:  # check_strategy: two axes
         second = _model_axis(model.mesh, MODEL_AXIS_NAMES, data_axis=first)
-        actions += [Action(c, second) for role in ("heads", "mlp") if roles.get(role)
+        planned += [(role, Action(c, second)) for role in ("heads", "mlp") if roles.get(role)
                     for c in role_colors(analysis, roles, role)]
     if "sequence" in parts:
         second = _model_axis(model.mesh, SEQUENCE_AXIS_NAMES, data_axis=first)
         ones = (1,) * analysis.conflicts.resolution_bits
-        actions += [Action(c, second, ones) for c in role_colors(analysis, roles, "sequence")]
+        planned += [("sequence", Action(c, second, ones)) for c in role_colors(analysis, roles, "sequence")]
     state = model.initial()
-    for action in actions:
-        state = apply_any(model, state, action)
+    roles_on: dict[str, list[str]] = {}  # mesh axis -> the roles placed on it so far
+    for role, action in planned:
+        following = model.apply(state, action, check=False)
+        problem = model.problem(following)
+        if problem:  # in the user's terms: the roles, not the analysis's colors
+            others = sorted({r for r in roles_on.get(action.axis, []) if r != role})
+            both = f" (roles {', '.join(others)} and {role} all want {action.axis})" if others else ""
+            raise InvalidState(f"role '{role}' on {action.axis}: {problem}{both}")
+        state = following
+        roles_on.setdefault(action.axis, []).append(role)
+    actions: list[Action | ShardNodes] = [action for _, action in planned]
     if "fsdp" in parts:
         parameters = fsdp_actions(model, first, state=state)
         for action in parameters:
