@@ -177,8 +177,8 @@ def manual_strategy(model: ShardingModel, name: str, roles: Roles
     actions: list[Action | ShardNodes] = [action for _, action in planned]
     if "fsdp" in parts:
         parameters = fsdp_actions(model, first, state=state)
-        for action in parameters:
-            state = apply_any(model, state, action)
+        for node_action in parameters:
+            state = apply_any(model, state, node_action)
         actions += parameters
     return state, tuple(actions)
 
