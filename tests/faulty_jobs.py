@@ -19,7 +19,7 @@ def good(**sizes):
     return mlp(**sizes)
 
 
-def crash():
+def crash(**_ignored):  # keyword arguments only make jobs of distinct keys
     os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -27,7 +27,7 @@ def exits():
     sys.exit(3)
 
 
-def hangs():
+def hangs(**_ignored):
     while True:
         time.sleep(1)
 

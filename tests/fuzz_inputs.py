@@ -597,7 +597,7 @@ def check_hardware(text: str, directory: Path, sample: Sampler) -> tuple[bool, b
             hardware.flops(dtype)
         model, state, actions = mlp_megatron()
         cost = CostModel(model, hardware).evaluate(state)
-        document = strategy_json(model, state, actions, cost, source="toast.examples.mlp:mlp", hardware=str(path),
+        document = strategy_json(model, state, actions, cost, source="toast.examples.mlp:mlp", hardware=hardware,
                                  name="megatron")
         written = directory / "written.json"
         written.write_text(json_text(document))

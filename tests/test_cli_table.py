@@ -8,10 +8,13 @@ patched to fail the test if called. The others fail while reading the input or a
 
 from __future__ import annotations
 
+import base64
 import json
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from toast.cli import main
@@ -87,7 +90,29 @@ def _cases() -> list[Case]:
         Case("strategy axis not in mesh", ("validate",), True, "nope", strategy="badaxis.json"),
         Case("--devices mismatch", ("validate",), True, "--devices 3", replace={"--devices": "3"}),
         Case("bad dim for explain", ("explain",), True, "VALUE:DIM", input=None, extra=()),
+        # Issue 23: numbers, mesh sizes, long names and strategy files that disagree with themselves.
+        Case("--timeout nan", COMMANDS, True, "argument --timeout: 'nan': give a finite number of seconds",
+             extra=("--timeout", "nan")),
+        Case("--timeout inf", COMMANDS, True, "argument --timeout: 'inf'", extra=("--timeout", "inf")),
+        Case("mesh size in other digits", ("shard",), True, "--mesh batch=²", replace={"--mesh": "batch=²"}),
+        Case("mesh of more devices than any machine", ("shard",), True, "at most 16,777,216",
+             replace={"--mesh": "batch=99999999999999999999999"}),
+        Case("cost --microbatches nan", ("cost",), True, "'nan' is not a whole number",
+             extra=("--microbatches", "nan")),
+        Case("validate --seed -1", ("validate",), True, "argument --seed: -1", extra=("--seed", "-1")),
+        Case("strategy spec edited", ("validate",), False, "does not match the file's state",
+             strategy="edited.json"),
+        Case("strategy state invalid", ("validate",), False, "the state is not a valid sharding",
+             strategy="invalid_state.json"),
+        Case("cost of an edited strategy", ("cost",), False, "does not match the file's state",
+             extra=("--strategy", "edited.json")),
+        Case("cost of an invalid state", ("cost",), False, "the state is not a valid sharding",
+             extra=("--strategy", "invalid_state.json")),
     ]
+    for option in ("--json", "-o", "--emit"):
+        commands = tuple(c for c in COMMANDS if option in OUTPUTS[c])
+        cases.append(Case(f"{option} name too long for its temporary file", commands, True, "File name too long",
+                          output=f"{option}={'n' * 245}{{suffix}}"))
     return cases
 
 
@@ -114,6 +139,14 @@ def _write_inputs(tmp_path: Path, strategy: dict) -> None:
     first = badaxis["arguments"][0]
     first["partition_spec"] = ["nope"] + list(first["partition_spec"][1:])
     (tmp_path / "badaxis.json").write_text(json.dumps(badaxis))
+    edited = json.loads(json.dumps(strategy))  # x split on batch in the state; the spec says dim 1
+    edited["arguments"][0]["partition_spec"] = [None, "batch"]
+    (tmp_path / "edited.json").write_text(json.dumps(edited))
+    invalid = json.loads(json.dumps(strategy))  # x's two dims both on batch
+    masks = np.frombuffer(zlib.decompress(base64.b64decode(invalid["state"]["masks"])), dtype=np.uint8).copy()
+    masks[1] = masks[0]
+    invalid["state"]["masks"] = base64.b64encode(zlib.compress(masks.tobytes())).decode("ascii")
+    (tmp_path / "invalid_state.json").write_text(json.dumps(invalid))
 
 
 _BYTECODE: list[bytes] = []
