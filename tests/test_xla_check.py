@@ -166,6 +166,6 @@ def test_compare_flags_a_wrong_shard():
     reference = np.arange(12, dtype=np.float32).reshape(3, 4)
     replicated = [xla_client.HloSharding.replicate().to_proto()]
     good = _compare([[jax.device_put(reference, device)]], [reference], replicated, [device])
-    assert good == {"match": True, "max_abs_error": 0.0, "outputs": 1}
+    assert good == {"match": True, "max_abs_error": 0.0, "outputs": 1, "nan_values": 0, "nan_mismatches": 0}
     bad = _compare([[jax.device_put(reference + 1e-2, device)]], [reference], replicated, [device])
     assert not bad["match"] and bad["max_abs_error"] == pytest.approx(1e-2, rel=1e-2)
