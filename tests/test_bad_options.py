@@ -65,6 +65,14 @@ def test_a_name_too_long_for_the_temporary_file_is_refused_before_the_search(tmp
     assert list(tmp_path.iterdir()) == []  # not the file, nor a trial of its temporary
 
 
+@pytest.mark.parametrize("second", ["--report", "--emit"])
+def test_two_outputs_on_one_path_are_refused_before_the_search(second, tmp_path, capsys):
+    out = tmp_path / "same.json"
+    assert main(["autoshard", MLP, *SEARCH, "-o", str(out), second, str(out)]) == 2
+    _one_line(capsys, f"-o and {second} both name {out}: give each output its own file")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_name_too_long_for_any_file_is_one_line(tmp_path, capsys):
     out = tmp_path / ("b" * 300 + ".json")
     assert main(["autoshard", MLP, *SEARCH, "-o", str(out)]) == 2

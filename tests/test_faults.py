@@ -234,3 +234,12 @@ def test_a_strategy_file_is_the_same_in_every_run_on_any_number_of_workers(tmp_p
         texts.add(out.read_text())
     assert len(texts) == 1
     assert json.loads(texts.pop())["search"]["evaluations"] > 1
+
+
+def test_one_worker_survives_a_killed_job_too(tmp_path):
+    """`--jobs 1` ran jobs in the sweep's own process: a job killed for memory killed the sweep (exit 137)."""
+    (tmp_path / "sweep.toml").write_text('[sweep]\nmodels = ["faulty_jobs:crash", "mlp"]\n'
+                                         'meshes = ["batch=4,model=2"]\nrollouts = 20\n')
+    records = sweep(load_sweep(tmp_path / "sweep.toml").jobs, tmp_path / "out", workers=1)
+    assert [r["status"] for r in records] == ["error", "ok"]
+    assert "killed by SIGKILL" in records[0]["error"]
