@@ -243,3 +243,16 @@ def test_one_worker_survives_a_killed_job_too(tmp_path):
     records = sweep(load_sweep(tmp_path / "sweep.toml").jobs, tmp_path / "out", workers=1)
     assert [r["status"] for r in records] == ["error", "ok"]
     assert "killed by SIGKILL" in records[0]["error"]
+
+
+def test_a_killed_validate_leaves_no_xla_worker(tmp_path):
+    strategy = tmp_path / "s.json"
+    assert main(["shard", "toast.examples.gpt:gpt_small", "--mesh", "batch=2,model=4", "--strategy", "megatron",
+                 "--engine", "embedded", "-o", str(strategy)]) == 0
+    process = _start(["validate", "toast.examples.gpt:gpt_small", str(strategy), "--devices", "8", "--engine",
+                      "embedded"], tmp_path)
+    worker = _wait_for(lambda: _workers(process.pid, 1), 120, "the XLA check worker")
+    time.sleep(1.5)  # it has its request and is compiling (about 4 s on 2 cores to finish by itself)
+    process.kill()
+    process.communicate(timeout=10)
+    _wait_for(lambda: not _alive(worker), 1.0, "the XLA worker to end with its parent")

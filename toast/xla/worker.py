@@ -68,6 +68,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from toast.errors import ToastError
+from toast.processes import worker_setup
 
 __all__ = [
     "Numerics",
@@ -186,6 +187,9 @@ class XlaReport:
 # ---- the caller's side ------------------------------------------------------------------
 
 
+PARENT_PID_VARIABLE = "TOAST_PARENT_PID"
+
+
 def run_worker(request: dict[str, Any], *, devices: int, timeout_s: float) -> dict[str, Any]:
     """Run one request in ``python -m toast.xla`` with ``devices`` host CPU devices.
 
@@ -210,6 +214,7 @@ def run_worker(request: dict[str, Any], *, devices: int, timeout_s: float) -> di
     env["XLA_FLAGS"] = " ".join([*flags, f"--xla_force_host_platform_device_count={devices}"])
     env["JAX_NUM_CPU_DEVICES"] = str(devices)
     env["JAX_PLATFORMS"] = "cpu"
+    env[PARENT_PID_VARIABLE] = str(os.getpid())  # the worker dies with this process (toast.processes)
     command = [sys.executable, "-m", "toast.xla"]
     try:
         done = subprocess.run(command, check=False, input=json.dumps(request), capture_output=True, text=True,
@@ -970,6 +975,9 @@ def _collective(instruction: Any, opcode: str, mesh_axes: Sequence[tuple[str, in
 
 def main() -> None:
     """Worker entry: one JSON request on stdin, one JSON reply on stdout, errors on stderr."""
+    parent = os.environ.get(PARENT_PID_VARIABLE, "")
+    if parent.isdigit():
+        worker_setup(int(parent))
     reply_stream = sys.stdout
     sys.stdout = sys.stderr  # keep stray prints of user code out of the reply
     try:
