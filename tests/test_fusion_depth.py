@@ -93,6 +93,7 @@ def test_gpt_step_kernel_bytes_double_with_depth():
     assert _widest_read(twenty_four) == _widest_read(twelve)
 
 
+@pytest.mark.slow  # 40 s on the 2-core machine: two Megatron steps of 12 and 24 layers (the GPT test above stays)
 @pytest.mark.skipif(not MEGATRON.is_file(), reason="../shared/reference/published is not beside the checkout")
 def test_megatron_step_kernel_bytes_double_with_depth():
     """The same for Megatron's GPT step (jax.checkpoint per block, bf16, Adam with fp32 masters), on 8
