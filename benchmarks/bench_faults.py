@@ -22,38 +22,12 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+from faulty_jobs import alive, descendants  # noqa: E402  (the test support module: the same /proc readers)
+
 GOOD = [f"faulty_jobs:good?batch={16 * k}" for k in range(1, 18)]  # 17 models x 2 seeds: 34 good jobs
 BAD = {"faulty_jobs:crash": "killed by SIGKILL", "faulty_jobs:hangs": "timed out after"}
 MODELS = GOOD + ["faulty_jobs:crash", "faulty_jobs:crash?variant=1", "faulty_jobs:hangs"]
-
-
-def _descendants(pid: int) -> set[int]:
-    parents = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            parents[int(entry.name)] = int(stat[stat.rindex(")") + 2:].split()[1])
-    found: set[int] = set()
-    frontier = {pid}
-    while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
-
-
-def _alive(pids: set[int]) -> set[int]:
-    alive = set()
-    for pid in pids:
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            continue
-        if stat[stat.rindex(")") + 2] != "Z":
-            alive.add(pid)
-    return alive
 
 
 def main() -> None:
@@ -84,13 +58,13 @@ def main() -> None:
             continue
         while process.poll() is None and len(list(records.glob("*.json"))) < kill_at:
             time.sleep(0.2)
-        workers = _descendants(process.pid)
+        workers = descendants(process.pid)
         process.kill()
         process.communicate(timeout=60)
         deadline = time.monotonic() + 10
-        while _alive(workers) and time.monotonic() < deadline:
+        while alive(workers) and time.monotonic() < deadline:
             time.sleep(0.1)
-        orphans += len(_alive(workers))
+        orphans += len(alive(workers))
         runs.append((f"killed at {kill_at} records", -signal.SIGKILL, time.monotonic() - start,
                      len(list(records.glob("*.json")))))
     found = [json.loads(path.read_text()) for path in sorted(records.glob("*.json"))]

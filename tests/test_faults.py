@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from faulty_jobs import alive, descendants
 
 from toast.cli import main
 from toast.evaluation.sweep import load_sweep, sweep
@@ -28,46 +29,9 @@ ROOT = TESTS.parent
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc to find processes")
 
 
-def _parents() -> dict[int, int]:
-    """pid -> parent pid of every process now."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # pid (comm) state ppid ...: comm may hold spaces and parentheses, so split after its last ')'
-        found[int(entry.name)] = int(stat[stat.rindex(")") + 2:].split()[1])
-    return found
-
-
-def _descendants(pid: int) -> set[int]:
-    parents = _parents()
-    found: set[int] = set()
-    frontier = {pid}
-    while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
-
-
-def _alive(pids: set[int]) -> set[int]:
-    alive = set()
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            continue
-        if state[state.rindex(")") + 2] != "Z":  # a zombie has ended (its parent has not reaped it)
-            alive.add(pid)
-    return alive
-
-
 def _workers(pid: int, count: int) -> set[int]:
     """The descendants of ``pid`` once there are ``count`` (else empty)."""
-    found = _descendants(pid)
+    found = descendants(pid)
     return found if len(found) >= count else set()
 
 
@@ -124,7 +88,7 @@ def test_a_stopped_sweep_exits_at_once_with_its_summary_and_no_worker(tmp_path, 
     assert time.monotonic() - start <= 2.0 + 0.5, time.monotonic() - start
     assert process.returncode == status, err
     assert err.strip().splitlines()[-1] == line and "Traceback" not in err, err
-    _wait_for(lambda: not _alive(workers), 5, "the workers to end")
+    _wait_for(lambda: not alive(workers), 5, "the workers to end")
     rows = list(csv.DictReader(open(tmp_path / "out" / "summary.csv")))
     assert len(rows) == 3 and {row["status"] for row in rows} <= {"ok", "not run"}
     assert sum(row["status"] == "not run" for row in rows) >= 2  # the two slow jobs
@@ -136,7 +100,7 @@ def test_a_killed_sweep_leaves_no_process_and_releases_its_output(tmp_path):
     process.kill()
     # The caller reading the output gets its end: every holder of the pipes (workers, tracker) is gone.
     process.communicate(timeout=10)
-    _wait_for(lambda: not _alive(workers), 10, "the workers to end")
+    _wait_for(lambda: not alive(workers), 10, "the workers to end")
 
 
 def test_a_second_sweep_into_the_same_folder_is_refused(tmp_path, capsys):
@@ -201,7 +165,7 @@ def test_ctrl_c_during_a_search_with_workers_exits_at_once(tmp_path):
     assert time.monotonic() - start <= 2.5, time.monotonic() - start
     assert process.returncode == 130 and err.strip().splitlines()[-1] == "toast: interrupted", err
     assert "Traceback" not in err and not output.exists() and not list(tmp_path.glob(".s.json*"))
-    _wait_for(lambda: not _alive(workers), 5, "the workers to end")
+    _wait_for(lambda: not alive(workers), 5, "the workers to end")
 
 
 def test_a_killed_search_leaves_no_worker(tmp_path):
@@ -211,7 +175,7 @@ def test_a_killed_search_leaves_no_worker(tmp_path):
                         "the search's workers")
     process.kill()
     process.communicate(timeout=10)
-    _wait_for(lambda: not _alive(workers), 10, "the workers to end")
+    _wait_for(lambda: not alive(workers), 10, "the workers to end")
 
 
 def test_a_program_of_scalars_is_left_whole(tmp_path, capsys):
@@ -255,4 +219,4 @@ def test_a_killed_validate_leaves_no_xla_worker(tmp_path):
     time.sleep(1.5)  # it has its request and is compiling (about 4 s on 2 cores to finish by itself)
     process.kill()
     process.communicate(timeout=10)
-    _wait_for(lambda: not _alive(worker), 1.0, "the XLA worker to end with its parent")
+    _wait_for(lambda: not alive(worker), 1.0, "the XLA worker to end with its parent")
