@@ -10,7 +10,7 @@ import math
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
@@ -45,15 +45,15 @@ def _memory_gib(text: str) -> float:
     return value
 
 
-def _count(minimum: int, what: str, maximum: int = (1 << 63) - 1):
-    """An integer option of at least ``minimum`` (and at most ``maximum``)."""
+def _count(minimum: int, what: str) -> Callable[[str], int]:
+    """An integer option of at least ``minimum`` (and at most 2**63 - 1: seeds and counts are int64)."""
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
-        if not minimum <= value <= maximum:
+        if not minimum <= value < 1 << 63:
             raise argparse.ArgumentTypeError(f"{value}: give {what}")
         return value
 

@@ -404,7 +404,7 @@ def _run_local(jobs: Sequence[Job], count: int, job_timeout: float | None) -> It
                 if record is not None:
                     worker.job = None
                     yield record
-                elif not worker.process.is_alive() or worker.connection.closed:
+                elif not worker.process.is_alive():
                     worker.process.join(timeout=5)
                     retire(worker)
                     yield _failed_record(job, _death(worker.process.exitcode), seconds)
