@@ -15,12 +15,11 @@ import pytest
 
 from toast.errors import ToastError
 from toast.examples.mlp import mlp
+from toast.xla.hlo_text import HloShape, parse_instruction
 from toast.xla.worker import (
-    HloShape,
     _compare,
     _group_axes,
     _parse_groups,
-    _parse_instruction,
     _strip_shardings,
     check_sharded_module,
     lower_sharded,
@@ -123,7 +122,7 @@ def test_parse_groups_mesh_axes_form():
     assert _parse_groups("mesh['a'=4,'b'=2] {}", 8) == tuple((i,) for i in range(8))
     line = ("%all-gather = f32[32,64]{1,0} all-gather(%param.1), channel_id=2, replica_groups=mesh['axis_0'=2,"
             "'axis_1'=1,'axis_2'=4], device_ids=([4,2]T(1,0)) {'axis_0'}, dimensions={0}, use_global_device_ids=true")
-    attributes = _parse_instruction(line).attributes
+    attributes = parse_instruction(line).attributes
     assert attributes["replica_groups"] + ", device_ids=" + attributes["device_ids"] == with_ids
 
 
@@ -151,7 +150,7 @@ def test_group_axes_follow_row_major_mesh():
 def test_parse_instruction_tuple_shape_and_attributes():
     line = ('ROOT %ag-start = (f32[64,16]{1,0}, f32[256,16]{1,0}) all-gather-start(%p), channel_id=3, '
             'replica_groups={{0,2,4,6},{1,3,5,7}}, dimensions={0}, metadata={op_name="a, b=c" source_line=2}')
-    parsed = _parse_instruction(line)
+    parsed = parse_instruction(line)
     assert parsed.name == "ag-start" and parsed.opcode == "all-gather-start"
     assert parsed.shapes == (HloShape("f32", (64, 16)), HloShape("f32", (256, 16)))
     assert parsed.attributes["replica_groups"] == "{{0,2,4,6},{1,3,5,7}}"

@@ -145,7 +145,8 @@ class KernelPlan:
         ``scale`` times the bytes of ``value`` (``float64``), live only during the kernel.
       buffers: value ids that occupy memory (arguments, kernel outputs, loop carries), each once.
       buffer_born, buffer_dies: ``int64`` positions (kernel indices; ``-1`` before the first) between which
-        each buffer is live; arguments and program results live for the whole step.
+        each buffer is live; arguments live for the whole step, program results from the kernel that makes them
+        to its end.
     """
 
     def __init__(self, program: Program, *, elementwise_ops: frozenset[int] = frozenset()):
@@ -582,9 +583,14 @@ class KernelPlan:
                 if kernel_of_op[u] < 0 and category[u] in ("terminator", "loop", "branch"):
                     end = max(end, int(position[u]))
             dies[r] = end
-        for r in results | arguments:
+        # Arguments live for the whole step. A result lives from the kernel that makes it to the end: XLA's
+        # buffer assignment (MaybeAssignBuffer) gives it the allocation of a temporary whose live range ended
+        # before, so it takes no memory of its own earlier (its buffer-assignment dump shows the sharing).
+        for r in arguments:
             if r in born:
                 born[r] = -1
+        for r in results | arguments:
+            if r in born:
                 dies[r] = last
         buffers = np.asarray(sorted(born), dtype=np.int64)
         return (buffers, np.asarray([born[b] for b in buffers.tolist()], dtype=np.int64),

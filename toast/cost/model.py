@@ -20,10 +20,11 @@ shard):
   (``../shared/reference/hardware.md`` section 3.1): all-gather and reduce-scatter
   ``(n-1)·alpha + (n-1)/n · S / B`` with S the full bytes; all-reduce twice that; all-to-all
   ``(n-1)·alpha + (n-1)/n · S_local / B``.
-- **Peak memory.** Only buffers exist: arguments and results for the whole step (XLA's argument and output
-  allocations), every kernel output from its kernel to its last reader, loop-carried values once; a value
-  resharded for its uses is a second copy from its collective to its last such use. With donated arguments
-  an output reuses an argument's buffer of the same size (``jax.jit(..., donate_argnums=...)``).
+- **Peak memory.** Only buffers exist: arguments for the whole step, results from the kernel that makes them
+  to the end (XLA gives a result the allocation of a temporary that died before it), every other kernel output
+  from its kernel to its last reader, loop-carried values once; a value resharded for its uses is a second
+  copy from its collective to its last such use. With donated arguments an output is written into an
+  argument's buffer of the same size and takes none of its own (``jax.jit(..., donate_argnums=...)``).
 
 The relative cost is ``C(s) = RT(s) + MP(s)`` with ``RT = step time / initial step time`` and
 ``MP = penalty · (peak − device memory) / initial peak`` when the peak exceeds the device memory, else 0.
@@ -33,12 +34,21 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from toast.cost.collectives import ALL_GATHER, ALL_TO_ALL, KINDS, Collective, CollectiveTable, CommunicationModel
+from toast.cost.collectives import (
+    ALL_GATHER,
+    ALL_REDUCE,
+    ALL_TO_ALL,
+    KINDS,
+    REDUCE_SCATTER,
+    Collective,
+    CollectiveTable,
+    CommunicationModel,
+)
 from toast.cost.hardware import Hardware
 from toast.cost.kernels import BRANCH_OPS, LOOP_OPS, KernelPlan
 from toast.cost.network import Algorithm, algorithms, collective_seconds, mesh_group_span
@@ -253,6 +263,7 @@ class CostModel:
         # Peak memory: buffer positions shifted by one (arguments at -1).
         self.buffer_born = plan.buffer_born + 1
         self.buffer_dies = plan.buffer_dies + 2
+        self._buffer_index = {int(v): i for i, v in enumerate(plan.buffers.tolist())}
         self.kernel_position_of_op = np.where(kernel_of_op >= 0, kernel_of_op,
                                               np.minimum(next_kernel, max(kernel_count - 1, 0)))
         self._kernel_class_cache: tuple[NamePartition, tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray,
@@ -524,16 +535,33 @@ class CostModel:
 
     def _combine(self, kind: np.ndarray, axes_mask: np.ndarray, nbytes: np.ndarray, ready: np.ndarray,
                  consumer: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """The collectives as XLA's all-reduce, all-gather and reduce-scatter combiners leave them: of one kind
-        over one axis set, taken in the order their operands are ready, each joins the one before while
-        neither depends on the other (it is ready before the group's first consumer) and the group stays
-        within the profile's ``combine_threshold`` bytes. A group is one collective of the summed size, ready
-        with its last member and due at its first consumer. All-to-alls stay as they are.
+        """The collectives as XLA's combiners leave them (``_combine_groups``): a group is one collective of the
+        summed size, ready with its last member and due at its first consumer.
 
         Returns ``(kind, axes_mask, nbytes, ready, consumer)`` of the collectives after combining."""
+        group = self._combine_groups(kind, axes_mask, nbytes, ready, consumer)
+        if group is None:
+            return kind, axes_mask, nbytes, ready, consumer
+        count = int(group.max()) + 1
+        first = np.full(count, len(group), dtype=np.int64)
+        np.minimum.at(first, group, np.arange(len(group)))
+        combined_ready = np.full(count, -2, dtype=np.int64)
+        np.maximum.at(combined_ready, group, ready)
+        combined_due = np.full(count, np.iinfo(np.int64).max, dtype=np.int64)
+        np.minimum.at(combined_due, group, consumer)
+        return (kind[first], axes_mask[first], np.bincount(group, weights=nbytes, minlength=count), combined_ready,
+                combined_due)
+
+    def _combine_groups(self, kind: np.ndarray, axes_mask: np.ndarray, nbytes: np.ndarray, ready: np.ndarray,
+                        consumer: np.ndarray) -> np.ndarray | None:
+        """``int64[rows]``: the group of each collective as XLA's all-reduce, all-gather and reduce-scatter
+        combiners combine them: of one kind over one axis set, taken in the order their operands are ready, each
+        joins the one before while neither depends on the other (it is ready before the group's first consumer)
+        and the group stays within the profile's ``combine_threshold`` bytes. All-to-alls stay alone. None when
+        no two combine."""
         threshold = self.hardware.combine_threshold
         if len(kind) < 2 or threshold <= 0:
-            return kind, axes_mask, nbytes, ready, consumer
+            return None
         order = np.lexsort((consumer, ready, axes_mask, kind))
         group = np.empty(len(order), dtype=np.int64)
         current, group_kind, group_mask, group_bytes, group_due = -1, -1, -1, 0.0, 0
@@ -551,17 +579,7 @@ class CostModel:
                 group_kind, group_mask, group_bytes, group_due = (row_kind, row_mask, row_bytes, row_due) if can \
                     else (-1, -1, 0.0, 0)
             group[row] = current
-        if current + 1 == len(order):
-            return kind, axes_mask, nbytes, ready, consumer
-        count = current + 1
-        first = np.full(count, len(order), dtype=np.int64)
-        np.minimum.at(first, group, np.arange(len(order)))
-        combined_ready = np.full(count, -2, dtype=np.int64)
-        np.maximum.at(combined_ready, group, ready)
-        combined_due = np.full(count, np.iinfo(np.int64).max, dtype=np.int64)
-        np.minimum.at(combined_due, group, consumer)
-        return (kind[first], axes_mask[first], np.bincount(group, weights=nbytes, minlength=count), combined_ready,
-                combined_due)
+        return None if current + 1 == len(order) else group
 
     @staticmethod
     def _makespan(item_time: np.ndarray, consumer: np.ndarray, ready: np.ndarray, duration: np.ndarray,
@@ -652,8 +670,9 @@ class CostModel:
 
     def _live_delta(self, sizes: np.ndarray, collectives: CollectiveTable) -> np.ndarray:
         """Bytes allocated (+) and freed (-) at each position (kernel index + 1; 0 before the first): every
-        buffer over its live range, and every value resharded for its uses (gathered parameters, Figure 5b's
-        k) as a second copy from its first such use to its last."""
+        buffer over its live range, every value resharded for its uses (gathered parameters, Figure 5b's
+        k) as a second copy from its first such use to its last, and the results of reductions while they run
+        (``_reduction_delta``)."""
         positions = len(self.plan.kernels) + 3
         # A use's steps (an all-gather per dim, then an all-to-all) leave one copy: its last step's output (the
         # ones before are consumed by the next step at once).
@@ -667,8 +686,34 @@ class CostModel:
         delta = (np.bincount(self.buffer_born, weights=sizes, minlength=positions)
                  - np.bincount(self.buffer_dies, weights=sizes, minlength=positions)
                  + np.bincount(self.kernel_position_of_op[used_by] + 1, weights=copy_bytes, minlength=positions)
-                 - np.bincount(self.kernel_position_of_op[last_user] + 2, weights=copy_bytes, minlength=positions))
+                 - np.bincount(self.kernel_position_of_op[last_user] + 2, weights=copy_bytes, minlength=positions)
+                 + self._reduction_delta(collectives, positions))
         return delta.astype(np.int64)
+
+    def _reduction_delta(self, collectives: CollectiveTable, positions: int) -> np.ndarray:
+        """``float64[positions]``: bytes allocated (+) and freed (-) by the reductions of partial results
+        (all-reduce, reduce-scatter). XLA writes a reduction's result into a buffer of its own, so while it runs
+        its input and its result are both live (a value keeps one buffer here, which the result then takes over);
+        reductions a combiner joins (``_combine_groups``) run as one, after their last member's producer, with
+        all their results live at once. Each is counted during the kernel that makes its (last) input."""
+        rows = self._moves[collectives.axes_mask] & (collectives.operand < 0) & (
+            (collectives.kind == ALL_REDUCE) | (collectives.kind == REDUCE_SCATTER))
+        if not rows.any():
+            return np.zeros(positions)
+        op, result_bytes = collectives.op[rows], collectives.bytes_out[rows]
+        position = self.kernel_position_of_op[op] + 1
+        streamed = ~self.op_in_loop[op]  # a loop body's reductions run there, one at a time
+        if streamed.sum() > 1:
+            group = self._combine_groups(collectives.kind[rows][streamed], collectives.axes_mask[rows][streamed],
+                                         collectives.bytes_in[rows][streamed].astype(np.float64),
+                                         self.item_of_op[op[streamed]],
+                                         self.first_reader_of_value[collectives.value[rows][streamed]])
+            if group is not None:
+                last = np.zeros(int(group.max()) + 1, dtype=np.int64)
+                np.maximum.at(last, group, position[streamed])
+                position[streamed] = last[group]
+        return (np.bincount(position, weights=result_bytes, minlength=positions)
+                - np.bincount(position + 1, weights=result_bytes, minlength=positions))
 
     def _scratch_delta(self, value_bytes: np.ndarray) -> np.ndarray:
         """Bytes allocated (+) and freed (-) at each position, as ``_live_delta``, by the kernels' scratch
@@ -687,34 +732,36 @@ class CostModel:
         value_bytes = self.communication.value_bytes(state)
         return self._timeline(self.communication.table(state, value_bytes), value_bytes)
 
-    def _timeline(self, collectives: CollectiveTable, value_bytes: np.ndarray) -> np.ndarray:
-        return np.cumsum(self._live_delta(value_bytes[self.plan.buffers], collectives)
-                         + self._scratch_delta(value_bytes))
+    def _timeline(self, collectives: CollectiveTable, value_bytes: np.ndarray,
+                  donated: Sequence[int] = ()) -> np.ndarray:
+        sizes = value_bytes[self.plan.buffers]
+        if donated:
+            sizes = sizes.copy()
+            sizes[[self._buffer_index[v] for v in donated]] = 0
+        return np.cumsum(self._live_delta(sizes, collectives) + self._scratch_delta(value_bytes))
 
     def _peak_memory(self, collectives: CollectiveTable, value_bytes: np.ndarray) -> int:
-        peak = int(self._timeline(collectives, value_bytes).max())
-        if self.donate:
-            peak -= self._donated_bytes(value_bytes)
-        return peak
+        donated = self._donated_outputs(value_bytes) if self.donate else []
+        return int(self._timeline(collectives, value_bytes, donated).max())
 
-    def _donated_bytes(self, value_bytes: np.ndarray) -> int:
-        """Bytes of outputs that reuse a donated argument's buffer: each donated argument serves at most one
-        output of the same size (XLA's input-output aliasing)."""
+    def _donated_outputs(self, value_bytes: np.ndarray) -> list[int]:
+        """The outputs (buffer roots) written into a donated argument's buffer, which so take no memory of their
+        own: each donated argument serves at most one output of the same size (XLA's input-output aliasing)."""
         program = self.model.analysis.program
         free: dict[int, int] = {}
         for index in self.donate:
             size = int(value_bytes[program.arguments[index]])
             free[size] = free.get(size, 0) + 1
-        saved = 0
+        donated = []
         arguments = {int(self.plan.root[v]) for v in program.arguments}
         for value_id in dict.fromkeys(int(self.plan.root[v]) for v in program.results):
-            if value_id in arguments:
+            if value_id in arguments or value_id not in self._buffer_index:
                 continue
             size = int(value_bytes[value_id])
             if free.get(size, 0) > 0:
                 free[size] -= 1
-                saved += size
-        return saved
+                donated.append(value_id)
+        return donated
 
 
 def _sequential_sum(values: np.ndarray) -> float:

@@ -72,8 +72,15 @@ class Agreement:
       matched: matched pairs over all rows.
       predicted_count, xla_count: collectives on each side (XLA's combined ones split).
       predicted_peak_bytes: the cost model's peak memory per device.
-      xla_peak_bytes: XLA's per-device footprint (``xla_footprint``).
+      xla_peak_bytes: XLA's live peak per device: the most bytes live at once under its schedule
+        (``toast.xla.live_range``), what the cost model predicts; XLA's footprint when the report has
+        no live peak.
       tolerance: relative byte tolerance of a match.
+      xla_footprint_bytes: what XLA allocates per device (``xla_footprint``): the live peak plus its heap
+        packing's fragmentation.
+      xla_layout_copy_bytes: of the live peak, the layout copies (values XLA's CPU backend only moves into
+        another layout, such as a dot's operand).
+      xla_collective_bytes: of the live peak, the results of collectives.
     """
 
     numerics: Numerics
@@ -84,6 +91,9 @@ class Agreement:
     predicted_peak_bytes: int
     xla_peak_bytes: int
     tolerance: float
+    xla_footprint_bytes: int = 0
+    xla_layout_copy_bytes: int = 0
+    xla_collective_bytes: int = 0
 
     @property
     def agreement(self) -> float:
@@ -93,7 +103,7 @@ class Agreement:
 
     @property
     def peak_error(self) -> float:
-        """``predicted / xla - 1`` of the peak memory (0.0 when XLA reports no peak)."""
+        """``predicted / xla - 1`` of the peak memory against XLA's live peak (0.0 when XLA reports none)."""
         return self.predicted_peak_bytes / self.xla_peak_bytes - 1 if self.xla_peak_bytes else 0.0
 
 
@@ -155,6 +165,7 @@ def compare(collectives: Sequence[Collective], predicted_peak_bytes: int, report
     see ``predicted_transfers``; true for a backend that forms reduce-scatters)."""
     predicted = predicted_transfers(collectives, reduce_scatter=reduce_scatter)
     actual = xla_transfers(report)
+    live = report.live_peak
     groups: dict[tuple[str, tuple[str, ...]], tuple[list[Transfer], list[Transfer]]] = {}
     for transfer in predicted:
         groups.setdefault((transfer.kind, transfer.axes), ([], []))[0].append(transfer)
@@ -171,8 +182,11 @@ def compare(collectives: Sequence[Collective], predicted_peak_bytes: int, report
         predicted_count=len(predicted),
         xla_count=len(actual),
         predicted_peak_bytes=int(predicted_peak_bytes),
-        xla_peak_bytes=xla_footprint(report.memory),
+        xla_peak_bytes=live.bytes if live is not None else xla_footprint(report.memory),
         tolerance=tolerance,
+        xla_footprint_bytes=xla_footprint(report.memory),
+        xla_layout_copy_bytes=live.layout_copy_bytes if live is not None else 0,
+        xla_collective_bytes=live.collective_bytes if live is not None else 0,
     )
 
 
@@ -188,7 +202,9 @@ def format_agreement(agreement: Agreement) -> str:
     lines.append(f"collectives: {agreement.matched} of {max(agreement.predicted_count, agreement.xla_count)} agree "
                  f"({agreement.agreement:.0%}; predicted {agreement.predicted_count}, XLA {agreement.xla_count})")
     lines.append(f"peak memory per device: predicted {agreement.predicted_peak_bytes} B, XLA "
-                 f"{agreement.xla_peak_bytes} B (arguments + outputs + temporaries; {agreement.peak_error:+.1%})")
+                 f"{agreement.xla_peak_bytes} B live at once ({agreement.peak_error:+.1%}; of it "
+                 f"{agreement.xla_layout_copy_bytes} B layout copies, {agreement.xla_collective_bytes} B collective "
+                 f"results); XLA allocates {agreement.xla_footprint_bytes} B")
     nans = (f"; {numerics.nan_values} NaN in the reference, {numerics.nan_mismatches} NaN on one side only"
             if numerics.nan_values or numerics.nan_mismatches else "")
     lines.append(f"numerics: {'match' if numerics.match else 'MISMATCH'} over {numerics.outputs} outputs "
@@ -226,5 +242,7 @@ def agreement_json(agreement: Agreement) -> dict[str, Any]:
         "agreement": agreement.agreement,
         "tolerance": agreement.tolerance,
         "peak_bytes": {"predicted": agreement.predicted_peak_bytes, "xla": agreement.xla_peak_bytes,
-                       "error": agreement.peak_error},
+                       "error": agreement.peak_error, "xla_footprint": agreement.xla_footprint_bytes,
+                       "xla_layout_copies": agreement.xla_layout_copy_bytes,
+                       "xla_collective_results": agreement.xla_collective_bytes},
     }

@@ -10,7 +10,9 @@ reports three things:
 - collectives: the all-reduce, all-gather, reduce-scatter, all-to-all and collective-permute
   instructions of XLA's optimized, partitioned HLO module, each with the mesh axes its device
   groups vary along and its per-device bytes;
-- memory: XLA's per-device memory analysis (``CompiledMemoryStats``), in bytes.
+- memory: XLA's per-device memory analysis (``CompiledMemoryStats``), in bytes, and its live peak: the
+  values live at once at the peak of its schedule, read from the live-range report the sharded compile
+  dumps into a temporary folder (``toast.xla.live_range``).
 
 XLA fixes the host CPU device count when JAX starts its backend, so every check runs in a
 worker process, ``python -m toast.xla``, started with ``JAX_NUM_CPU_DEVICES`` (the
@@ -63,12 +65,16 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from toast.errors import ToastError
 from toast.processes import worker_setup
+from toast.xla.hlo_text import HloShape, parse_instruction
+from toast.xla.live_range import LivePeak, LiveValue, live_peak_from_dump
 
 __all__ = [
     "Numerics",
@@ -177,11 +183,14 @@ class XlaReport:
         (``argument_size_in_bytes``, ``output_size_in_bytes``, ``temp_size_in_bytes``,
         ``generated_code_size_in_bytes``, ``alias_size_in_bytes``, ``peak_memory_in_bytes``
         and the ``host_*`` ones).
+      live_peak: the values live at once at the peak of XLA's schedule (``toast.xla.live_range``);
+        None in a reply that has none.
     """
 
     numerics: Numerics
     collectives: tuple[XlaCollective, ...]
     memory: dict[str, int]
+    live_peak: LivePeak | None = None
 
 
 # ---- the caller's side ------------------------------------------------------------------
@@ -299,6 +308,9 @@ def report_from_json(reply: dict[str, Any]) -> XlaReport:
             for c in reply["collectives"]
         ),
         memory={str(k): int(v) for k, v in reply["memory"].items()},
+        live_peak=(LivePeak(time=int(reply["live_peak"]["time"]),
+                            values=tuple(LiveValue(str(n), int(b), str(k)) for n, b, k in reply["live_peak"]["values"]))
+                   if reply.get("live_peak") else None),
     )
 
 
@@ -320,139 +332,7 @@ def _device_count(mesh_axes: Sequence[tuple[str, int]]) -> int:
     return math.prod(int(size) for _, size in mesh_axes)
 
 
-# ---- HLO instruction text (pure; used by the worker, testable anywhere) -------------------
-
-
-@dataclass(frozen=True)
-class HloShape:
-    """An HLO array shape: element type and dimensions (dynamic bounds read as their bound)."""
-
-    dtype: str
-    dims: tuple[int, ...]
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of one such array, dense (sub-byte types rounded up to a whole byte)."""
-        return (math.prod(self.dims) * _hlo_bits(self.dtype) + 7) // 8
-
-
-def _hlo_bits(element_type: str) -> int:
-    """Bits of one element of an HLO primitive type. HLO names carry the width: ``s4``, ``u8``,
-    ``bf16``, ``f8e4m3fn``, ``c64`` (the two parts together); ``pred`` is a byte, ``token`` none."""
-    if element_type == "pred":
-        return 8
-    if element_type == "token":
-        return 0
-    width = re.match(r"[a-z]+?(\d+)", element_type)
-    if width is None:
-        raise ToastError(f"unknown HLO element type '{element_type}' (no width in its name)")
-    return int(width.group(1))
-
-
-@dataclass(frozen=True)
-class HloInstructionText:
-    """What ``_parse_instruction`` reads off one HLO instruction line.
-
-    Attributes:
-      name: instruction name without ``%``.
-      shapes: the result's array shapes, flattened (one for an array, several for a tuple).
-      opcode: the opcode as printed (``all-reduce``).
-      attributes: top-level ``key=value`` attributes after the operand list, values verbatim.
-    """
-
-    name: str
-    shapes: tuple[HloShape, ...]
-    opcode: str
-    attributes: dict[str, str]
-
-
-def _parse_instruction(line: str) -> HloInstructionText:
-    """Parse ``[ROOT] %name = shape opcode(operands), key=value, ...`` (one HLO line)."""
-    match = re.match(r"\s*(?:ROOT\s+)?%?([^\s=]+)\s*=\s*", line)
-    if match is None:
-        raise ToastError(f"cannot read HLO instruction line: {line[:80]!r}")
-    shapes, at = _parse_shape(line, match.end())
-    opcode_match = re.compile(r"\s*([\w\-.]+)\(").match(line, at)
-    if opcode_match is None:
-        raise ToastError(f"cannot find the opcode in HLO line: {line[:80]!r}")
-    close = _skip_balanced(line, opcode_match.end() - 1)
-    return HloInstructionText(name=match.group(1), shapes=tuple(shapes), opcode=opcode_match.group(1),
-                              attributes=_parse_attributes(line[close:]))
-
-
-def _parse_shape(text: str, at: int) -> tuple[list[HloShape], int]:
-    """Parse the shape starting at ``text[at]``; return its flattened arrays and the end."""
-    at = _skip_blank(text, at, " ")
-    if text.startswith("(", at):
-        shapes: list[HloShape] = []
-        at += 1
-        while True:
-            at = _skip_blank(text, at, " ,")
-            if text[at] == ")":
-                return shapes, at + 1
-            inner, at = _parse_shape(text, at)
-            shapes.extend(inner)
-    match = re.compile(r"([a-z][a-z0-9]*)\[([^\]]*)\]").match(text, at)
-    if match is None:
-        raise ToastError(f"cannot read an HLO shape at: {text[at:at + 40]!r}")
-    dims = tuple(int(d.strip().removeprefix("<=")) for d in match.group(2).split(",") if d.strip())
-    at = match.end()
-    if text.startswith("{", at):  # layout
-        at = _skip_balanced(text, at)
-    return [HloShape(match.group(1), dims)], at
-
-
-def _skip_blank(text: str, at: int, blanks: str) -> int:
-    """Index of the first character from ``at`` that is not in ``blanks`` nor in a ``/*...*/``
-    comment (XLA numbers long tuples: ``(f32[2], /*index=5*/f32[2])``)."""
-    while at < len(text):
-        if text[at] in blanks:
-            at += 1
-        elif text.startswith("/*", at):
-            end = text.find("*/", at + 2)
-            if end < 0:
-                raise ToastError(f"unclosed comment in HLO text: {text[at:at + 40]!r}")
-            at = end + 2
-        else:
-            break
-    return at
-
-
-def _skip_balanced(text: str, at: int) -> int:
-    """Index just past the bracket group opening at ``text[at]`` (quotes respected)."""
-    closing = {"(": ")", "[": "]", "{": "}"}
-    stack: list[str] = []
-    quoted = False
-    for i in range(at, len(text)):
-        char = text[i]
-        if quoted:
-            if char == "\\":
-                continue
-            quoted = char != '"'
-        elif char == '"':
-            quoted = True
-        elif char in closing:
-            stack.append(closing[char])
-        elif stack and char == stack[-1]:
-            stack.pop()
-            if not stack:
-                return i + 1
-    raise ToastError(f"unbalanced brackets in HLO text: {text[at:at + 40]!r}")
-
-
-def _parse_attributes(text: str) -> dict[str, str]:
-    """``, key=value, key=value`` (values may nest brackets and quotes) as a dict."""
-    attributes: dict[str, str] = {}
-    at = 0
-    key_pattern = re.compile(r"\s*,\s*([\w.\-]+)=")
-    while True:
-        match = key_pattern.match(text, at)
-        if match is None:
-            return attributes
-        at = start = match.end()
-        while at < len(text) and text[at] != ",":
-            at = _skip_balanced(text, at) if text[at] in "({[\"" else at + 1
-        attributes[match.group(1)] = text[start:at].strip()
+# ---- device groups of collectives (pure; used by the worker, testable anywhere) -----------
 
 
 def _parse_groups(text: str, device_count: int) -> tuple[tuple[int, ...], ...]:
@@ -624,15 +504,20 @@ def _check(text: str, mesh_axes: Sequence[tuple[str, int]], *, seed: int) -> dic
         signature = _main_signature(module)
         reference_text = _strip_shardings(module)
     inputs = _random_inputs(signature[0], seed=seed)
-    sharded = _compile(text, devices, shardy=shardy)
+    with tempfile.TemporaryDirectory(prefix="toast-xla-dump-") as dump_dir:
+        sharded = _compile(text, devices, shardy=shardy, dump_to=dump_dir)
+        hlo_modules = sharded.hlo_modules()
+        live_peak = live_peak_from_dump(Path(dump_dir), hlo_modules[0])
     reference = _compile(reference_text, devices[:1], shardy=False)
     expected = [out[0] for out in _execute(reference, devices[:1], inputs)]
     numerics = _compare(_execute(sharded, devices, inputs), expected, sharded.get_output_shardings(), devices)
     stats = sharded.get_compiled_memory_stats()
     memory = {name: int(getattr(stats, name)) for name in dir(stats)
               if name.endswith("_in_bytes") and isinstance(getattr(stats, name), int)}
-    collectives = [c for hlo in sharded.hlo_modules() for c in _collectives(hlo, mesh_axes)]
-    return {"numerics": numerics, "collectives": [dataclasses.asdict(c) for c in collectives], "memory": memory}
+    collectives = [c for hlo in hlo_modules for c in _collectives(hlo, mesh_axes)]
+    return {"numerics": numerics, "collectives": [dataclasses.asdict(c) for c in collectives], "memory": memory,
+            "live_peak": {"time": live_peak.time,
+                          "values": [[v.name, v.bytes, v.kind] for v in live_peak.values]}}
 
 
 def _first_line(err: BaseException) -> str:
@@ -799,8 +684,9 @@ def _random_inputs(arguments: Sequence[tuple[tuple[int, ...], str]], *, seed: in
     return inputs
 
 
-def _compile(text: str, devices: Sequence[Any], *, shardy: bool) -> Any:
-    """``backend.compile_and_load`` of StableHLO text for ``len(devices)`` SPMD partitions."""
+def _compile(text: str, devices: Sequence[Any], *, shardy: bool, dump_to: str | None = None) -> Any:
+    """``backend.compile_and_load`` of StableHLO text for ``len(devices)`` SPMD partitions; with
+    ``dump_to``, XLA writes its text dumps there (the live-range report among them)."""
     import numpy as np
     from jax.errors import JaxRuntimeError
     from jax.extend.backend import get_backend, get_compile_options
@@ -808,8 +694,10 @@ def _compile(text: str, devices: Sequence[Any], *, shardy: bool) -> Any:
 
     backend = get_backend("cpu")
     ids = np.array([[d.id for d in devices]])
+    # Values keep their own types (XLA refuses the string "true" for a bool option); the stub says str.
+    dump: Any = {"xla_dump_to": dump_to, "xla_dump_hlo_as_text": True} if dump_to else None
     options = get_compile_options(num_replicas=1, num_partitions=len(devices), device_assignment=ids,
-                                           backend=backend)
+                                  backend=backend, env_options_overrides=dump)
     options.executable_build_options.use_shardy_partitioner = shardy
     try:
         return backend.compile_and_load(text, xla_client.DeviceList(tuple(devices)), options)
@@ -835,14 +723,15 @@ def _execute(executable: Any, devices: Sequence[Any], inputs: Sequence[Any]) -> 
     return results.disassemble_into_single_device_arrays()
 
 
-def _compare(outputs: Sequence[Sequence[Any]], expected: Sequence[Any], shardings: Sequence[Any],
+def _compare(outputs: Sequence[Sequence[Any]], expected: Sequence[Any], shardings: Sequence[Any] | None,
              devices: Sequence[Any]) -> dict[str, Any]:
     """Each device's output shard against the reference slice it should hold.
 
     Args:
       outputs: per output, the per-device result arrays (``jax.Array`` on one device each).
       expected: per output, the full reference value.
-      shardings: per output, its ``OpSharding`` over ``devices`` (partition order).
+      shardings: per output, its ``OpSharding`` over ``devices`` (partition order); None for a 1-device
+        executable (XLA gives none: each output is whole).
       devices: the devices of the sharded run.
 
     Returns:
@@ -851,12 +740,13 @@ def _compare(outputs: Sequence[Sequence[Any]], expected: Sequence[Any], sharding
     import numpy as np
     from jax.extend.sharding import GSPMDSharding
 
-    if len(outputs) != len(expected) or len(shardings) != len(expected):
+    if len(outputs) != len(expected) or (shardings is not None and len(shardings) != len(expected)):
         raise ToastError(f"the sharded module returns {len(outputs)} outputs, the reference {len(expected)}")
     match, worst, nan_values, nan_mismatches = True, 0.0, 0, 0
-    for output, reference, op_sharding in zip(outputs, expected, shardings, strict=True):
+    for index, (output, reference) in enumerate(zip(outputs, expected, strict=True)):
         reference = np.asarray(reference)
-        where = GSPMDSharding(tuple(devices), op_sharding).devices_indices_map(reference.shape)
+        where = ({device: () for device in devices} if shardings is None
+                 else GSPMDSharding(tuple(devices), shardings[index]).devices_indices_map(reference.shape))
         tolerance = _TOLERANCES.get(_short_dtype(reference.dtype))
         scale = finite_scale(reference)
         if np.issubdtype(reference.dtype, np.inexact):
@@ -940,15 +830,15 @@ def _collectives(hlo_module: Any, mesh_axes: Sequence[tuple[str, int]]) -> list[
 
 def _collective(instruction: Any, opcode: str, mesh_axes: Sequence[tuple[str, int]]) -> XlaCollective:
     """One ``XlaCollective`` from an HLO instruction (``opcode`` as ``_opcode_name`` gives it)."""
-    parsed = _parse_instruction(instruction.to_string())
+    parsed = parse_instruction(instruction.to_string())
     operands = [shape for operand in instruction.operands()
-                for shape in _parse_instruction(operand.to_string()).shapes]
+                for shape in parse_instruction(operand.to_string()).shapes]
     result = parsed.shapes
     done = _DONE_OF_START.get(opcode)
     if done is not None:
         users = [user for user in instruction.users() if _opcode_name(user) == done]
         if users:
-            result = _parse_instruction(users[0].to_string()).shapes
+            result = parse_instruction(users[0].to_string()).shapes
     count = _device_count(mesh_axes)
     if parsed.attributes.get("replica_groups", "").startswith("mesh[") and "device_ids" in parsed.attributes:
         # ``mesh[...], device_ids=(...) {axes}``: the comma split one value in two.
