@@ -18,61 +18,139 @@ This module is the public API of every stage:
     >>> cost = toast.CostModel(model, toast.load_hardware("a100_80gb")).evaluate(state)
     >>> [(c.kind, c.axes) for c in cost.collectives]
     [('all-reduce', ('model',))]
+
+Names load on first use (PEP 562), so ``import toast`` and ``toast --help`` do not import every stage.
 """
 
-from toast.analysis import (
-    Analysis,
-    Box,
-    Color,
-    ColorConflict,
-    CompatibilitySet,
-    Conflict,
-    Conflicts,
-    ConflictSite,
-    DimRef,
-    Explanation,
-    Identity,
-    ResolutionGroup,
-    Step,
-    UnruledOp,
-    analyze,
-    describe_name,
-    explain,
-    format_explanation,
-)
-from toast.cost import Collective, Cost, CostModel, Hardware, InterconnectLevel, known_hardware, load_hardware
-from toast.errors import EngineError, InputError, RuleError, ToastError
-from toast.evaluation import CompareResult, compare, load_sweep, sweep
-from toast.frontend import Program, load_program, read_callable, read_file, read_text
-from toast.output import (
-    Strategy,
-    autoshard,
-    dimension_graph_dot,
-    load_strategy,
-    read_strategy,
-    sharded_jit,
-    sharded_module_text,
-    strategy_json,
-    strategy_state,
-    summary,
-    to_json,
-)
-from toast.search import ActionSpace, Phase, SearchSettings
-from toast.sharding import (
-    COMPOSITES,
-    STRATEGIES,
-    Action,
-    InvalidState,
-    Mesh,
-    Roles,
-    ShardingModel,
-    ShardingState,
-    load_roles,
-    manual_strategy,
-    parse_mesh,
-    roles_for_input,
-)
-from toast.xla import Agreement, validate
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from toast.analysis import (
+        Analysis,
+        Box,
+        Color,
+        ColorConflict,
+        CompatibilitySet,
+        Conflict,
+        Conflicts,
+        ConflictSite,
+        DimRef,
+        Explanation,
+        Identity,
+        ResolutionGroup,
+        Step,
+        UnruledOp,
+        analyze,
+        describe_name,
+        explain,
+        format_explanation,
+    )
+    from toast.cost import Collective, Cost, CostModel, Hardware, InterconnectLevel, known_hardware, load_hardware
+    from toast.errors import EngineError, InputError, RuleError, ToastError
+    from toast.evaluation import CompareResult, compare, load_sweep, sweep
+    from toast.frontend import Program, load_program, read_callable, read_file, read_text
+    from toast.output import (
+        Strategy,
+        autoshard,
+        dimension_graph_dot,
+        load_strategy,
+        read_strategy,
+        sharded_jit,
+        sharded_module_text,
+        strategy_json,
+        strategy_state,
+        summary,
+        to_json,
+    )
+    from toast.search import ActionSpace, Phase, SearchSettings
+    from toast.sharding import (
+        COMPOSITES,
+        STRATEGIES,
+        Action,
+        InvalidState,
+        Mesh,
+        Roles,
+        ShardingModel,
+        ShardingState,
+        load_roles,
+        manual_strategy,
+        parse_mesh,
+        roles_for_input,
+    )
+    from toast.xla import Agreement, validate
+
+# Public name -> the module that defines it.
+_SOURCES: dict[str, str] = {
+    "Analysis": "toast.analysis",
+    "Box": "toast.analysis",
+    "Color": "toast.analysis",
+    "ColorConflict": "toast.analysis",
+    "CompatibilitySet": "toast.analysis",
+    "Conflict": "toast.analysis",
+    "ConflictSite": "toast.analysis",
+    "Conflicts": "toast.analysis",
+    "DimRef": "toast.analysis",
+    "Explanation": "toast.analysis",
+    "Identity": "toast.analysis",
+    "ResolutionGroup": "toast.analysis",
+    "Step": "toast.analysis",
+    "UnruledOp": "toast.analysis",
+    "analyze": "toast.analysis",
+    "describe_name": "toast.analysis",
+    "explain": "toast.analysis",
+    "format_explanation": "toast.analysis",
+    "Collective": "toast.cost",
+    "Cost": "toast.cost",
+    "CostModel": "toast.cost",
+    "Hardware": "toast.cost",
+    "InterconnectLevel": "toast.cost",
+    "known_hardware": "toast.cost",
+    "load_hardware": "toast.cost",
+    "EngineError": "toast.errors",
+    "InputError": "toast.errors",
+    "RuleError": "toast.errors",
+    "ToastError": "toast.errors",
+    "CompareResult": "toast.evaluation",
+    "compare": "toast.evaluation",
+    "load_sweep": "toast.evaluation",
+    "sweep": "toast.evaluation",
+    "Program": "toast.frontend",
+    "load_program": "toast.frontend",
+    "read_callable": "toast.frontend",
+    "read_file": "toast.frontend",
+    "read_text": "toast.frontend",
+    "Strategy": "toast.output",
+    "autoshard": "toast.output",
+    "dimension_graph_dot": "toast.output",
+    "load_strategy": "toast.output",
+    "read_strategy": "toast.output",
+    "sharded_jit": "toast.output",
+    "sharded_module_text": "toast.output",
+    "strategy_json": "toast.output",
+    "strategy_state": "toast.output",
+    "summary": "toast.output",
+    "to_json": "toast.output",
+    "ActionSpace": "toast.search",
+    "Phase": "toast.search",
+    "SearchSettings": "toast.search",
+    "Action": "toast.sharding",
+    "COMPOSITES": "toast.sharding",
+    "InvalidState": "toast.sharding",
+    "Mesh": "toast.sharding",
+    "Roles": "toast.sharding",
+    "STRATEGIES": "toast.sharding",
+    "ShardingModel": "toast.sharding",
+    "ShardingState": "toast.sharding",
+    "load_roles": "toast.sharding",
+    "manual_strategy": "toast.sharding",
+    "parse_mesh": "toast.sharding",
+    "roles_for_input": "toast.sharding",
+    "Agreement": "toast.xla",
+    "validate": "toast.xla",
+}
 
 __all__ = [
     "COMPOSITES",
@@ -142,3 +220,17 @@ __all__ = [
     "to_json",
     "validate",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import the stage that defines ``name`` on first use and keep the name here."""
+    source = _SOURCES.get(name)
+    if source is None:
+        raise AttributeError(f"module 'toast' has no attribute {name!r}")
+    value = getattr(importlib.import_module(source), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
