@@ -21,10 +21,11 @@ import statistics
 import time
 
 import toast
+from toast.evaluation.compare import compare_manual
 from toast.examples.gpt import gpt_train_step
-from toast.output.autoshard import compare_manual, find_strategy
 from toast.output.report import human_bytes, human_seconds
 from toast.search import SearchSettings
+from toast.search.find import find_strategy
 from toast.sharding import roles_for_input
 
 
@@ -57,7 +58,7 @@ def main() -> None:
                 setups, searches, masks = [], [], set()
                 for _ in range(options.repeats):
                     start = time.perf_counter()
-                    found = find_strategy(analysis, toast.parse_mesh(options.mesh), hardware, source="gpt",
+                    found = find_strategy(analysis, toast.parse_mesh(options.mesh), hardware,
                                           settings=settings, memory_gib=memory)
                     seconds = time.perf_counter() - start
                     setups.append(seconds - found.result.seconds)

@@ -21,9 +21,10 @@ import platform
 import time
 
 import toast
-from toast.output.autoshard import compare_manual, find_strategy
+from toast.evaluation.compare import compare_manual
 from toast.output.report import human_bytes, human_seconds
 from toast.search import SearchSettings
+from toast.search.find import find_strategy
 from toast.sharding.roles import roles_for_input
 
 # The zoo at the paper's sizes, and the users' programs at the benchmark sizes their docstrings give.
@@ -66,7 +67,7 @@ def main() -> None:
             for name in options.hardware:
                 hardware = toast.load_hardware(name)
                 settings = SearchSettings(seed=options.seed, rollouts=options.rollouts)
-                found = find_strategy(analysis, toast.parse_mesh(mesh_text), hardware, source=spec, settings=settings,
+                found = find_strategy(analysis, toast.parse_mesh(mesh_text), hardware, settings=settings,
                                       memory_gib=memory, roles=roles)
                 applies = [row for row in compare_manual(found) if row.cost is not None]
                 manual = [row for row in applies if not row.over_memory]

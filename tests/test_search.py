@@ -18,12 +18,14 @@ from jax.sharding import PartitionSpec as P
 import toast
 from toast import ShardingModel, ToastError, load_hardware, parse_mesh
 from toast.cli import main
+from toast.evaluation.compare import compare_manual
 from toast.examples.attention import attention
 from toast.examples.gpt import gpt_train_step
 from toast.examples.mlp import mlp
-from toast.output.autoshard import compare_manual, find_strategy
-from toast.search import ActionSpace, SearchSettings, argument_groups, parse_pins, search
+from toast.output.autoshard import strategy_document
+from toast.search import ActionSpace, SearchResult, SearchSettings, argument_groups, parse_pins, search
 from toast.search.exhaustive import enumerate_states
+from toast.search.find import find_strategy
 from toast.xla.validate import validate
 
 A100 = load_hardware("a100_80gb")
@@ -35,12 +37,12 @@ FAST = SearchSettings(rollouts=300, workers=1)
 
 def _found(analysis, mesh, *, memory_gib=None, pinned=None, settings=FAST):
     """The search's own strategy: no manual candidates, so these tests judge the search."""
-    return find_strategy(analysis, parse_mesh(mesh), A100, source="test", pinned=pinned, settings=settings,
+    return find_strategy(analysis, parse_mesh(mesh), A100, pinned=pinned, settings=settings,
                          memory_gib=memory_gib, manual_candidates=False)
 
 
 def _specs(found):
-    return {t["name"]: t["partition_spec"] for t in found.document["arguments"]}
+    return {t["name"]: t["partition_spec"] for t in strategy_document(found, source="test")["arguments"]}
 
 
 @pytest.fixture(scope="module")
@@ -232,7 +234,7 @@ def test_same_seed_same_strategy_on_one_two_and_three_workers():
     for workers in (1, 2, 3):
         settings = SearchSettings(seed=7, rollouts=96, lanes=4, patience=10, workers=workers)
         found = _found(analysis, "batch=2,model=4", settings=settings)
-        strategies.append((found.document["state"]["masks"], found.result.rollouts))
+        strategies.append((strategy_document(found, source="test")["state"]["masks"], found.result.rollouts))
     assert strategies[0] == strategies[1] == strategies[2]
 
 
@@ -321,6 +323,19 @@ def test_python_api_round_trip(tmp_path):
     loaded = toast.load_strategy(path)
     assert loaded.document == strategy.document
     assert loaded.partition_specs == strategy.partition_specs
+
+
+def test_python_api_takes_rules_and_a_variant(tmp_path):
+    """``toast.autoshard(..., variant=, rules=)`` analyzes as ``toast analyze --variant --rules`` does: the file
+    records the variant, and a rules folder's own file is read (a broken one is its one-line error)."""
+    fn, args = mlp()
+    strategy = toast.autoshard(fn, *args, mesh="batch=8", rollouts=10, engine="embedded", variant="no_box")
+    assert strategy.document["variant"] == "no_box"
+    rules = tmp_path / "my_rules"
+    rules.mkdir()
+    (rules / "broken.dl").write_text("this is not datalog\n")
+    with pytest.raises(ToastError, match="broken.dl"):
+        toast.autoshard(fn, *args, mesh="batch=8", rollouts=10, engine="embedded", rules=rules)
 
 
 # ---- toast autoshard ----------------------------------------------------------------------------------------
@@ -420,12 +435,12 @@ def test_a_manual_strategy_that_beats_the_search_is_returned(big_mlp):
     roles = toast.roles_for_input(MLP)
     settings = SearchSettings(rollouts=1, lanes=1, polish=False, workers=1)
     mesh = parse_mesh("batch=4,model=2")
-    alone = find_strategy(big_mlp, mesh, A100, source="test", settings=settings, manual_candidates=False)
-    found = find_strategy(big_mlp, mesh, A100, source="test", settings=settings, roles=roles)
+    alone = find_strategy(big_mlp, mesh, A100, settings=settings, manual_candidates=False)
+    found = find_strategy(big_mlp, mesh, A100, settings=settings, roles=roles)
     manual = [row for row in compare_manual(found, roles) if row.cost is not None and not row.over_memory]
     fastest = min(manual, key=lambda row: row.cost.step_time_s)
     assert fastest.cost.step_time_s < alone.result.cost.step_time_s
-    assert found.origin == fastest.name and found.document["search"]["origin"] == fastest.name
+    assert found.origin == fastest.name and strategy_document(found, source="test")["search"]["origin"] == fastest.name
     assert found.result.cost.step_time_s == fastest.cost.step_time_s and found.result.actions == ()
 
 
@@ -435,7 +450,7 @@ def test_without_roles_the_proposed_roles_give_the_manual_candidates(big_mlp):
     from toast.sharding.propose import PROPOSED_SOURCE
 
     settings = SearchSettings(rollouts=1, lanes=1, polish=False, workers=1)
-    found = find_strategy(big_mlp, parse_mesh("batch=4,model=2"), A100, source="test", settings=settings,
+    found = find_strategy(big_mlp, parse_mesh("batch=4,model=2"), A100, settings=settings,
                           memory_gib=300 / 1024)
     assert found.roles is not None and found.roles.source == PROPOSED_SOURCE
     assert found.origin != "search" and not found.over_memory
@@ -537,3 +552,27 @@ def test_phase_option(tmp_path, capsys):
     assert main(["autoshard", "toast.examples.mlp:mlp", "--mesh", "batch=4,model=2", "--engine", "embedded",
                  "--phase", "model:speed"]) == 2
     assert "--phase model:speed: expected AXES:GOAL" in capsys.readouterr().err
+
+
+def test_find_strategy_runs_any_search_that_keeps_the_contract():
+    """``find_strategy(..., search=)`` takes any ``SearchFn``: here one that keeps the space's initial state.
+    With no manual candidates its state is what comes back, and the strategy document records it; with the
+    manual strategies as candidates, the MLP's best one beats it (the unsharded MLP is the slowest)."""
+    calls = []
+
+    def keep_initial(space, costs, *, settings=FAST, progress=None):
+        calls.append(settings.seed)
+        state = space.initial
+        return SearchResult(state, (), costs.evaluate(state), (), 0, 1, 0.0, settings)
+
+    analysis = analysis_of(MLP)
+    settings = SearchSettings(seed=5, rollouts=10, workers=1)
+    alone = find_strategy(analysis, parse_mesh("batch=4,model=2"), A100, settings=settings,
+                          manual_candidates=False, search=keep_initial)
+    assert calls == [5] and alone.origin == "search" and alone.result.actions == ()
+    assert alone.result.cost.relative == pytest.approx(1.0)  # the unsharded program's own cost
+    document = strategy_document(alone, source="test")
+    assert all(entry is None for tensor in document["arguments"] for entry in tensor["partition_spec"])
+    found = find_strategy(analysis, parse_mesh("batch=4,model=2"), A100, settings=settings,
+                          roles=toast.roles_for_input(MLP), search=keep_initial)
+    assert found.origin != "search" and found.result.cost.step_time_s < alone.result.cost.step_time_s

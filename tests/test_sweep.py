@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 
 import pytest
 
 from toast.cli import main
+from toast.errors import ToastError
 from toast.evaluation.sweep import load_sweep, sweep
 
 SMALL = """
@@ -126,11 +128,47 @@ def test_bad_sweep_files(text, message, tmp_path, capsys):
 
 
 def test_summary_cells_are_escaped():
-    from toast.evaluation.sweep import summary_markdown
+    from toast.evaluation.sweep import SUMMARY_FIELDS, summary_markdown
 
-    row = {"model": "pkg.m:f?tag='a|b'", "mesh": "batch=4", "hardware": "h100", "memory_gib": "hbm", "seed": 0,
-           "status": "error", "error": "no <module> named x & y | z\nsecond line"}
+    row = {field: "" for field in SUMMARY_FIELDS}
+    row.update({"model": "pkg.m:f?tag='a|b'", "mesh": "batch=4", "hardware": "h100", "memory_gib": "hbm", "seed": 0,
+                "variant": "a|b", "engine": "embedded", "status": "error",
+                "error": "no <module> named x & y | z\nsecond line"})
     line = summary_markdown([row]).splitlines()[2]
-    assert line == ("| pkg.m:f?tag='a\\|b' | batch=4 | h100 | hbm | 0 | - | - | - | - | - | - | - | "
-                    "no &lt;module&gt; named x &amp; y \\| z second line |")
-    assert line.count(" | ") == 12  # 13 cells, whatever the text held
+    assert line == ("| pkg.m:f?tag='a\\|b' | batch=4 | h100 | hbm | 0 | a\\|b | - | - | - | - | - | - | - | - | - | "
+                    "- | no &lt;module&gt; named x &amp; y \\| z second line |")
+    assert line.count(" | ") == 16  # 17 cells, whatever the text held
+
+
+def test_analysis_variants_are_an_axis_of_the_sweep(tmp_path):
+    """``variants``: each job analyzes with its variant, its key names a variant other than the default (the
+    default's key is as before), and the summary has the variant, colors, resolution bits and unruled ops.
+    transpose_matmul has 2 colors either way and 1 resolution bit by default; without box compatibility its
+    one conflict group splits in two (2 bits)."""
+    path = tmp_path / "sweep.toml"
+    path.write_text('[sweep]\nmodels = ["transpose_matmul"]\nmeshes = ["batch=4,model=2"]\nrollouts = 20\n'
+                    'variants = ["default", "no_box"]\n')
+    jobs = load_sweep(path).jobs
+    assert [job.variant for job in jobs] == ["default", "no_box"]
+    assert jobs[0].key == "transpose_matmul__batch-4-model-2__a100_80gb__hbm__s0__r20"
+    assert jobs[1].key == jobs[0].key + "__v-no_box"
+    records = sweep(jobs, tmp_path / "out", workers=1)
+    assert all(r["status"] == "ok" for r in records), [r.get("error") for r in records]
+    with open(tmp_path / "out" / "summary.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [(row["variant"], row["colors"], row["resolution_bits"], row["unruled_ops"]) for row in rows] == [
+        ("default", "2", "1", "0"), ("no_box", "2", "2", "0")]
+    assert "| transpose_matmul | batch=4,model=2 | a100_80gb | hbm | 0 | no_box | 2 | 2 | 0 |" in (
+        tmp_path / "out" / "summary.md").read_text()
+
+
+@pytest.mark.parametrize("line, message", [
+    ('variants = ["nope"]', "[sweep] variants: "),
+    ('engine = "datalog"', "engine 'datalog': give embedded, souffle or auto"),
+    ('rules = "missing_folder"', "rules: no folder 'missing_folder'"),
+])
+def test_a_bad_variant_engine_or_rules_folder_is_refused_when_read(tmp_path, line, message):
+    path = tmp_path / "sweep.toml"
+    path.write_text(f'[sweep]\nmodels = ["mlp"]\nmeshes = ["batch=8"]\n{line}\n')
+    with pytest.raises(ToastError, match=re.escape(message)):
+        load_sweep(path)

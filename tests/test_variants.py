@@ -110,3 +110,40 @@ def test_variant_with_missing_rule_file(tmp_path):
     variant.write_text('name = "v"\nrules = ["nda.dl", "ops/nope.dl"]\n')
     with pytest.raises(RuleError, match="ops/nope.dl: rule file of variant 'v' is missing"):
         assemble(load_variant(str(variant)))
+
+
+ATTENTION = "toast.examples.attention:attention"
+
+
+def test_analyze_sets_variants_side_by_side(capsys):
+    """``toast analyze --variant default --variant no_box``: one table, a column per variant in the order given,
+    each cell the count a single-variant analysis gives. Without box compatibility attention's boxes are gone
+    (0) and each of its compatibility sets is a bit of its own."""
+    from toast.cli import main
+
+    assert main(["analyze", ATTENTION, "--engine", "embedded", "--variant", "default", "--variant", "no_box"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == "| | default | no_box |"
+    cells = {line.split(" | ")[0].lstrip("| "): line.strip("| ").split(" | ")[1:] for line in lines[3:]}
+    for column, variant in enumerate(("default", "no_box")):
+        stats = analyze(ATTENTION, engine="embedded", variant=variant).stats
+        for key, label in (("colors", "colors"), ("resolution_bits", "resolution bits"), ("boxes", "boxes"),
+                           ("unruled_ops", "unruled ops")):
+            assert cells[label][column] == str(stats[key]), (variant, label)
+    assert cells["boxes"][1] == "0" and cells["resolution bits"][1] == cells["compatibility sets"][1]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["cost", MLP, "--hardware", "h100", "--variant", "default", "--variant", "no_box"],
+     "--variant given 2 times: `toast cost` takes one"),
+    (["analyze", MLP, "--variant", "no_box", "--variant", "no_box"], "--variant no_box given twice"),
+    (["analyze", MLP, "--variant", "default", "--variant", "no_box", "--json", "x.json"],
+     "--json writes one analysis: give one --variant with it"),
+    (["analyze", MLP, "--variant", "default", "--variant", "nope"], "nope"),
+])
+def test_several_variants_only_where_they_can_be_compared(argv, message, capsys):
+    from toast.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err

@@ -74,7 +74,9 @@ def _add_analysis_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", choices=("auto", "souffle", "embedded"), default="auto",
                         help="Datalog engine (auto: souffle when installed, else embedded)")
     parser.add_argument("--rules", metavar="DIR", help="directory of .dl files extending or overriding the rules")
-    parser.add_argument("--variant", default="default", help="analysis variant (rules/variants/NAME.toml) or TOML path")
+    parser.add_argument("--variant", action="append", metavar="NAME",
+                        help="analysis variant (rules/variants/NAME.toml) or TOML path (default: default); "
+                        "`toast analyze` takes several and prints them side by side")
     parser.add_argument("--keep", metavar="DIR", help="keep facts, assembled program and engine outputs in DIR")
     parser.add_argument("--timeout", type=_positive_seconds, default=600.0, metavar="S",
                         help="engine time limit, seconds")
@@ -319,7 +321,7 @@ def _run(options: argparse.Namespace) -> int:
     from toast.analysis.named_dimensions import analyze
     from toast.frontend.loading import parse_factory_arguments
     from toast.output.files import Output, check_output, json_text, write_outputs
-    from toast.output.report import argument_table, summary, to_json
+    from toast.output.report import argument_table, summary, to_json, variant_table
 
     if options.command == "sweep":
         return _sweep(options)
@@ -374,7 +376,13 @@ def _run(options: argparse.Namespace) -> int:
             from toast.output.dimension_graph import require_graphviz
 
             require_graphviz()  # before the analysis: fail fast
-    analysis = analyze(options.input, engine=options.engine, rules=options.rules, variant=options.variant,
+    variants = _variants(options)  # bad input fails before the analysis
+    if len(variants) > 1:
+        analyses = [analyze(options.input, engine=options.engine, rules=options.rules, variant=variant,
+                            timeout_s=options.timeout, factory_arguments=factory_arguments) for variant in variants]
+        print(variant_table(analyses), end="")
+        return 0
+    analysis = analyze(options.input, engine=options.engine, rules=options.rules, variant=variants[0],
                        keep=options.keep, timeout_s=options.timeout, factory_arguments=factory_arguments)
     if options.command == "analyze":
         outputs = [Output("--json", Path(options.json), json_text(to_json(analysis)))] if options.json else []
@@ -421,6 +429,28 @@ def _run(options: argparse.Namespace) -> int:
     first, second = (resolve_dim(analysis, text) for text in dims)
     print(format_explanation(analysis, explain(analysis, first, second)))
     return 0
+
+
+def _variants(options: argparse.Namespace) -> list[str]:
+    """The ``--variant`` values (``["default"]`` when none), each read once: several only for ``toast analyze``
+    without ``--json``, ``--propose-roles`` or ``--keep``, each once."""
+    from toast.datalog.variants import load_variant
+
+    variants = options.variant or ["default"]
+    if len(variants) > 1:
+        if options.command != "analyze":
+            raise ToastError(f"--variant given {len(variants)} times: `toast {options.command}` takes one "
+                             "(`toast analyze` compares several)")
+        repeated = next((v for i, v in enumerate(variants) if v in variants[:i]), None)
+        if repeated is not None:
+            raise ToastError(f"--variant {repeated} given twice")
+        given = [flag for flag, value in (("--json", options.json), ("--propose-roles", options.propose_roles),
+                                          ("--keep", options.keep)) if value]
+        if given:
+            raise ToastError(f"{given[0]} writes one analysis: give one --variant with it")
+    for variant in variants:
+        load_variant(variant)
+    return variants
 
 
 def _shard(options: argparse.Namespace, analysis, mesh, hardware, roles) -> int:
@@ -633,9 +663,11 @@ def _autoshard_plan(options: argparse.Namespace):
 
 def _autoshard(options: argparse.Namespace, analysis, mesh, hardware, settings, pins) -> int:
     from toast.cost.model import Cost
-    from toast.output.autoshard import compare_manual, find_strategy
+    from toast.evaluation.compare import compare_manual
+    from toast.output.autoshard import strategy_document
     from toast.output.files import Output, json_text, write_outputs
     from toast.output.report import human_bytes, human_seconds
+    from toast.search.find import find_strategy
     from toast.sharding.roles import roles_for_input
 
     try:
@@ -645,20 +677,20 @@ def _autoshard(options: argparse.Namespace, analysis, mesh, hardware, settings, 
             raise  # a roles file the user names must be read, not replaced by proposed roles
         roles = None
     progress = _Progress(sys.stderr) if sys.stderr.isatty() else None
-    found = find_strategy(analysis, mesh, hardware, source=options.input, pinned=pins, settings=settings,
-                          memory_gib=options.memory, microbatches=options.microbatches, roles=roles,
-                          progress=progress)
+    found = find_strategy(analysis, mesh, hardware, pinned=pins, settings=settings, memory_gib=options.memory,
+                          microbatches=options.microbatches, roles=roles, progress=progress)
     if progress is not None:
         progress.finish()
     manual = compare_manual(found)
+    document = strategy_document(found, source=options.input)
     outputs = []
     if options.output:
-        outputs.append(Output("-o", Path(options.output), json_text(found.document)))
+        outputs.append(Output("-o", Path(options.output), json_text(document)))
     if options.report:
         from toast.evaluation.compare import comparison_result
         from toast.evaluation.report import report_html, report_section
 
-        section = report_section(comparison_result(found, manual))
+        section = report_section(comparison_result(found, manual, source=options.input))
         outputs.append(Output("--report", Path(options.report), report_html(
             [section], title=f"toast autoshard: {analysis.program.name} on {mesh.spec()}")))
     if options.emit:
@@ -675,7 +707,7 @@ def _autoshard(options: argparse.Namespace, analysis, mesh, hardware, settings, 
     if found.origin != "search":
         print(f"  the manual strategy {found.origin} ({_roles_text(found.roles)}) beats what the search found: "
               f"toast's strategy is {found.origin}")
-    for tensor in found.document["arguments"]:
+    for tensor in document["arguments"]:
         if any(entry is not None for entry in tensor["partition_spec"]):
             print(f"  {tensor['name']}: {tensor['partition_spec']}")
     rows: list[tuple[str, Cost | None, bool, str]] = [("toast", result.cost, found.over_memory, "")]

@@ -243,14 +243,12 @@ def analyze(
                                 conflict_outputs, layer_heuristic=chosen_variant.layer_heuristic)
     timings["conflicts"] = time.perf_counter() - start
 
-    result = _build(program, names, outputs, classes, conflicts)
-    result.stats.update(
-        engine=chosen,
-        variant=assembled.variant.name,
-        seconds={k: round(v, 4) for k, v in timings.items()},
-        facts=sum(len(rows) for rows in facts.values()),
-    )
-    return result
+    return _build(program, names, outputs, classes, conflicts, run_stats={
+        "engine": chosen,
+        "variant": assembled.variant.name,
+        "seconds": {k: round(v, 4) for k, v in timings.items()},
+        "facts": sum(len(rows) for rows in facts.values()),
+    })
 
 
 @functools.lru_cache(maxsize=256)
@@ -286,7 +284,9 @@ def _classes(count: int, outputs: dict[str, list[tuple]]) -> _Classes:
 
 
 def _build(program: Program, names: DimensionNames, outputs: dict[str, list[tuple]], classes: _Classes,
-           conflicts: Conflicts) -> Analysis:
+           conflicts: Conflicts, *, run_stats: dict[str, Any]) -> Analysis:
+    """The ``Analysis`` of the engines' outputs; ``run_stats`` (engine, variant, seconds, facts) end its
+    ``stats``."""
     identities = tuple(Identity(a, b, op, display_rule_file(f), line) for a, b, op, f, line in outputs["ident"])
     count = names.count
     color_of, node_of = classes.color_of, classes.node_of
@@ -312,6 +312,7 @@ def _build(program: Program, names: DimensionNames, outputs: dict[str, list[tupl
         "m_edges": len(classes.m_edges),
         "unruled_ops": len(unruled),
         **conflicts.stats,
+        **run_stats,
     }
     return Analysis(
         program=program,

@@ -36,6 +36,7 @@ import bisect
 import heapq
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -99,6 +100,21 @@ class Cost:
     communication_by_level_s: dict[str, float] = field(default_factory=dict)
     exposed_communication_by_axes_s: dict[str, float] = field(default_factory=dict)
     collectives_launched: int = 0
+
+
+class AbsoluteCost(NamedTuple):
+    """A state's cost before it is set against the unsharded program's (``CostModel.evaluate`` makes a
+    ``Cost`` of it; ``CostModel.initial`` is the unsharded program's)."""
+
+    step_time_s: float
+    compute_s: float
+    breakdown: dict[str, float]
+    communication_s: dict[str, float]
+    peak_bytes: int
+    collectives: list[Collective]
+    by_level: dict[str, float]
+    exposed_by_axes: dict[str, float]
+    launched: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,16 +327,16 @@ class CostModel:
         """The cost of ``state``, relative to the unsharded program; ``collectives=False`` leaves
         ``Cost.collectives`` empty (a search needs only the numbers, and listing them costs time)."""
         absolute = self._absolute(state, collectives=collectives)
-        initial_time, initial_peak = self.initial[0], self.initial[4]
-        step, peak = absolute[0], absolute[4]
+        initial_time, initial_peak = self.initial.step_time_s, self.initial.peak_bytes
+        step, peak = absolute.step_time_s, absolute.peak_bytes
         relative = step / initial_time if initial_time > 0 else 1.0
         if peak > self.device_memory and initial_peak > 0:
             relative += self.memory_penalty * (peak - self.device_memory) / initial_peak
-        extra = absolute[6]
-        return Cost(step_time_s=step, compute_s=absolute[1], breakdown=absolute[2], communication_s=absolute[3],
-                    peak_bytes=peak, kernels=self.kernel_count, relative=relative, collectives=tuple(absolute[5]),
-                    communication_by_level_s=extra["by_level"],
-                    exposed_communication_by_axes_s=extra["exposed_by_axes"], collectives_launched=extra["launched"])
+        return Cost(step_time_s=step, compute_s=absolute.compute_s, breakdown=absolute.breakdown,
+                    communication_s=absolute.communication_s, peak_bytes=peak, kernels=self.kernel_count,
+                    relative=relative, collectives=tuple(absolute.collectives),
+                    communication_by_level_s=absolute.by_level,
+                    exposed_communication_by_axes_s=absolute.exposed_by_axes, collectives_launched=absolute.launched)
 
     def collective_time(self, collective: Collective) -> float:
         """Seconds of one collective over its axes' span (``toast.cost.network``)."""
@@ -422,7 +438,7 @@ class CostModel:
         memory_time = moved / self.bandwidth
         return np.maximum(compute_time, memory_time) + self.overhead, compute_time, memory_time
 
-    def _absolute(self, state: ShardingState, *, collectives: bool = True):
+    def _absolute(self, state: ShardingState, *, collectives: bool = True) -> AbsoluteCost:
         value_bytes, class_bytes = self.communication.value_and_class_bytes(state)
         seconds, compute_time, memory_time = self.kernel_times(state, value_bytes, class_bytes=class_bytes)
         # With micro-batches, every kernel but the optimizer's runs once per micro-batch.
@@ -493,8 +509,8 @@ class CostModel:
         peak = self._peak_memory(table, value_bytes)
         listed = self.communication.to_list(table) if collectives else []
         launched = len(streams[0][2]) + int(in_loop.sum())
-        return (step, compute_busy - in_loops, breakdown, communication, peak, listed,
-                {"by_level": by_level, "exposed_by_axes": exposed_by_axes, "launched": launched})
+        return AbsoluteCost(step, compute_busy - in_loops, breakdown, communication, peak, listed, by_level,
+                            exposed_by_axes, launched)
 
     def _stream(self, item_time: np.ndarray, kind: np.ndarray, axes_mask: np.ndarray, nbytes: np.ndarray,
                 ready: np.ndarray, consumer: np.ndarray,

@@ -10,16 +10,17 @@ the unsharded program's, and the collectives XLA inserted are compared with the 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from toast.cost.hardware import Hardware
 from toast.cost.model import Cost
 from toast.errors import ToastError
-from toast.output.autoshard import Comparison, Found, compare_manual, find_strategy
+from toast.output.autoshard import strategy_document
 from toast.output.report import human_bytes, human_seconds, markdown_cell
-from toast.search.mcts import RoundResult, SearchSettings
+from toast.search.base import Progress, SearchSettings
+from toast.search.find import Comparison, Found, find_strategy, price_manual_strategies
 from toast.sharding.mesh import Mesh
 from toast.sharding.roles import Roles
 from toast.sharding.state import ShardingState
@@ -55,10 +56,20 @@ class StrategyRow:
 
 @dataclass(frozen=True)
 class CompareResult:
-    """A comparison: the search's outcome and one row per strategy (toast's first)."""
+    """A comparison: the search's outcome, its strategy file's document (``strategy_document``) and one row
+    per strategy (toast's first)."""
 
     found: Found
     rows: tuple[StrategyRow, ...]
+    document: dict[str, Any]
+
+
+def compare_manual(found: Found, roles: Roles | None = None) -> list[Comparison]:
+    """Every manual strategy priced under the search's model and memory limit
+    (``toast.search.find.price_manual_strategies``), from ``roles`` (default: the search's candidates',
+    ``found.roles``)."""
+    roles = roles if roles is not None else found.roles
+    return price_manual_strategies(found.model, found.costs, roles) if roles is not None else []
 
 
 def check_host_validation(mesh: Mesh, *, validate_on_host: bool) -> None:
@@ -71,7 +82,7 @@ def check_host_validation(mesh: Mesh, *, validate_on_host: bool) -> None:
 def compare(analysis, mesh: Mesh, hardware: Hardware, *, source: str, roles: Roles | None,
             settings: SearchSettings, memory_gib: float | None = None,
             pinned: Mapping[str, Sequence] | None = None, validate_on_host: bool = False, microbatches: int = 1,
-            progress: Callable[[RoundResult, int, float], None] | None = None) -> CompareResult:
+            progress: Progress | None = None) -> CompareResult:
     """Search a strategy and price every manual strategy that applies under the same model and memory limit.
 
     Args:
@@ -93,21 +104,22 @@ def compare(analysis, mesh: Mesh, hardware: Hardware, *, source: str, roles: Rol
         search), or the search's own errors.
     """
     check_host_validation(mesh, validate_on_host=validate_on_host)
-    found = find_strategy(analysis, mesh, hardware, source=source, pinned=pinned, settings=settings,
+    found = find_strategy(analysis, mesh, hardware, pinned=pinned, settings=settings,
                           memory_gib=memory_gib, microbatches=microbatches, roles=roles, progress=progress)
-    result = comparison_result(found, compare_manual(found))
+    result = comparison_result(found, compare_manual(found), source=source)
     if not validate_on_host:
         return result
-    return CompareResult(found, tuple(row if row.state is None else dataclasses.replace(
+    return dataclasses.replace(result, rows=tuple(row if row.state is None else dataclasses.replace(
         row, agreement=validate(found.model, row.state, hardware, seed=settings.seed)) for row in result.rows))
 
 
-def comparison_result(found: Found, manual: Sequence[Comparison]) -> CompareResult:
-    """toast's row (from the search) then the manual strategies' rows (``compare_manual``)."""
+def comparison_result(found: Found, manual: Sequence[Comparison], *, source: str) -> CompareResult:
+    """toast's row (from the search) then the manual strategies' rows (``compare_manual``); ``source``: what
+    the program was read from (recorded in the strategy document)."""
     rows = [StrategyRow("toast", found.result.cost, found.over_memory, search_seconds=found.result.seconds,
                         state=found.result.state)]
     rows += [StrategyRow(row.name, row.cost, row.over_memory, row.reason, state=row.state) for row in manual]
-    return CompareResult(found, tuple(rows))
+    return CompareResult(found, tuple(rows), strategy_document(found, source=source))
 
 
 def comparison_table(result: CompareResult) -> str:
@@ -161,8 +173,8 @@ def comparison_json(result: CompareResult) -> dict[str, Any]:
                             "peak_error": row.agreement.peak_error}
         rows.append(entry)
     return {"program": found.model.analysis.program.name, "mesh": found.model.mesh.spec(),
-            "hardware": found.document["hardware"], "device_memory_bytes": found.device_memory,
-            "strategies": rows, "toast": found.document}
+            "hardware": result.document["hardware"], "device_memory_bytes": found.device_memory,
+            "strategies": rows, "toast": result.document}
 
 
 def _agreement_cell(agreement: Agreement | None) -> str:

@@ -51,11 +51,11 @@ def report_section(result: CompareResult) -> dict[str, Any]:
     drawn = np.maximum.reduceat(timeline, np.arange(0, len(timeline), step)) if len(timeline) else timeline
     return {
         "program": program.name,
-        "source": found.document["source"],
+        "source": result.document["source"],
         "mesh": model.mesh.spec(),
-        "hardware": found.document["hardware"],
+        "hardware": result.document["hardware"],
         "device_memory_bytes": found.device_memory,
-        "arguments": found.document["arguments"],
+        "arguments": result.document["arguments"],
         "axis_colors": axis_colors,
         "collectives": collectives,
         "timeline": {"positions_per_point": step, "bytes": [int(b) for b in drawn]},

@@ -12,8 +12,13 @@ A sweep file is TOML::
     rollouts = 500                # the search's rollout budget (default 2000; a budget, not seconds, so
                                   # the same job gives the same strategy wherever it runs); a list of
                                   # budgets, e.g. [500, 2000], is one more axis of the product
+    variants = ["default", "no_box"]   # analysis variants (rules/variants/NAME.toml or TOML paths;
+                                       # default ["default"])
+    rules = ["", "my_rules"]      # folders of user .dl files ("" or absent: the package's rules alone)
+    engine = "embedded"           # "embedded", "souffle" or "auto", or a list of them (default "embedded")
 
-Every combination is a job, named by its settings (``Job.key``). A job writes ``DIR/jobs/<key>.json``: its
+Every combination is a job, named by its settings (``Job.key``; a variant, rules folder or engine other than
+the default adds a part). A job writes ``DIR/jobs/<key>.json``: its
 settings and either its comparison (``toast compare``'s JSON: toast's strategy file and every manual
 strategy's cost) or its error. A job that fails (an unknown model, a mesh the program cannot take), crashes,
 is killed (out of memory), calls ``sys.exit`` or runs past ``--job-timeout`` is recorded with its reason and
@@ -50,9 +55,11 @@ from typing import Any
 from toast.errors import InputError, ToastError
 from toast.processes import worker_setup, workers_starting
 
-SUMMARY_FIELDS = ("job", "model", "mesh", "hardware", "memory_gib", "seed", "status", "toast_step_time_s",
-                  "toast_peak_bytes", "toast_over_memory", "best_manual", "best_manual_step_time_s",
-                  "best_manual_peak_bytes", "speedup", "search_seconds", "job_seconds", "error")
+SUMMARY_FIELDS = ("job", "model", "mesh", "hardware", "memory_gib", "seed", "variant", "rules", "engine", "status",
+                  "colors", "resolution_bits", "unruled_ops", "toast_step_time_s", "toast_peak_bytes",
+                  "toast_over_memory", "best_manual", "best_manual_step_time_s", "best_manual_peak_bytes", "speedup",
+                  "search_seconds", "job_seconds", "error")
+DEFAULT_ENGINE = "embedded"  # a sweep's jobs give the same results wherever they run: no engine chosen by PATH
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +73,9 @@ class Job:
       memory_gib: memory per device in GiB (``None``: the profile's HBM).
       seed: the search's seed.
       rollouts: the search's rollout budget.
+      variant: the analysis variant (a name in ``rules/variants/`` or a TOML path).
+      rules: a folder of user ``.dl`` files (``""``: the package's rules alone).
+      engine: the Datalog engine (``embedded``, ``souffle`` or ``auto``).
     """
 
     model: str
@@ -74,12 +84,23 @@ class Job:
     memory_gib: float | None
     seed: int
     rollouts: int
+    variant: str = "default"
+    rules: str = ""
+    engine: str = DEFAULT_ENGINE
 
     @property
     def key(self) -> str:
-        """A file name made of the job's settings (``gemma_small__batch4-model2__a100_80gb__hbm__s0``)."""
+        """A file name made of the job's settings (``gemma_small__batch4-model2__a100_80gb__hbm__s0__r2000``;
+        ``__v-no_box``, ``__rules-NAME`` and ``__souffle`` where the variant, rules or engine are not the
+        defaults, so the keys of earlier sweeps stay what they were)."""
         memory = "hbm" if self.memory_gib is None else f"{self.memory_gib:g}GiB"
-        parts = (self.model, self.mesh, Path(self.hardware).stem, memory, f"s{self.seed}", f"r{self.rollouts}")
+        parts = [self.model, self.mesh, Path(self.hardware).stem, memory, f"s{self.seed}", f"r{self.rollouts}"]
+        if self.variant != "default":
+            parts.append(f"v-{Path(self.variant).stem}")
+        if self.rules:
+            parts.append(f"rules-{Path(self.rules).name}")
+        if self.engine != DEFAULT_ENGINE:
+            parts.append(self.engine)
         return "__".join(re.sub(r"[^A-Za-z0-9_.]+", "-", part).strip("-") for part in parts)
 
 
@@ -107,14 +128,16 @@ def load_sweep(path: str | Path) -> Sweep:
     table = document.get("sweep")
     if not isinstance(table, dict):
         raise InputError(f"{path}: no [sweep] table (models, meshes, hardware, memory, seeds, rollouts)")
-    unknown = sorted(set(table) - {"models", "meshes", "hardware", "memory", "seeds", "rollouts"})
+    known = ("models", "meshes", "hardware", "memory", "seeds", "rollouts", "variants", "rules", "engine")
+    unknown = sorted(set(table) - set(known))
     if unknown:
-        raise InputError(f"{path}: [sweep] has unknown key '{unknown[0]}' (known: models, meshes, hardware, memory, "
-                         "seeds, rollouts)")
+        raise InputError(f"{path}: [sweep] has unknown key '{unknown[0]}' (known: {', '.join(known)})")
 
-    def strings(key: str, default: list[str] | None = None) -> list[str]:
+    def strings(key: str, default: list[str] | None = None, *, empty: bool = False, one: bool = False) -> list[str]:
         value = table.get(key, default)
-        if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+        if one and isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not value or not all(isinstance(v, str) and (v or empty) for v in value):
             raise InputError(f"{path}: [sweep] {key} must be a non-empty list of strings")
         return value
 
@@ -136,10 +159,32 @@ def load_sweep(path: str | Path) -> Sweep:
     budgets = rollouts if isinstance(rollouts, list) else [rollouts]  # one budget, or a list: one job each
     if not budgets or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 1 for r in budgets):
         raise InputError(f"{path}: [sweep] rollouts must be a positive integer or a non-empty list of them")
-    jobs = tuple(Job(model, mesh, name, limit, seed, budget)
-                 for model, mesh, name, limit, seed, budget in itertools.product(models, meshes, hardware, memory,
-                                                                                 seeds, budgets))
+    variants = strings("variants", ["default"])
+    for variant in variants:
+        _check_variant(path, variant)
+    rules = strings("rules", [""], empty=True, one=True)
+    for folder in rules:
+        if folder and not (path.parent / folder).is_dir() and not Path(folder).is_dir():
+            raise InputError(f"{path}: [sweep] rules: no folder {folder!r}")
+    engines = strings("engine", [DEFAULT_ENGINE], one=True)
+    for engine in engines:
+        if engine not in ("embedded", "souffle", "auto"):
+            raise InputError(f"{path}: [sweep] engine {engine!r}: give embedded, souffle or auto")
+    rules = [str(path.parent / folder) if folder and (path.parent / folder).is_dir() else folder for folder in rules]
+    jobs = tuple(Job(model, mesh, name, limit, seed, budget, variant, folder, engine)
+                 for model, mesh, name, limit, seed, budget, variant, folder, engine in itertools.product(
+                     models, meshes, hardware, memory, seeds, budgets, variants, rules, engines))
     return Sweep(str(path), jobs)
+
+
+def _check_variant(path: Path, variant: str) -> None:
+    """Refuse a variant that names no file of ``rules/variants/`` and no TOML file."""
+    from toast.datalog.variants import load_variant
+
+    try:
+        load_variant(variant)
+    except ToastError as err:
+        raise InputError(f"{path}: [sweep] variants: {_first_line(err)}") from None
 
 
 def run_job(job: Job) -> dict[str, Any]:
@@ -160,7 +205,9 @@ def run_job(job: Job) -> dict[str, Any]:
         mesh = parse_mesh(job.mesh)
         hardware = load_hardware(job.hardware)
         source = EXAMPLES.get(job.model, job.model)
-        analysis = _analysis(source, analyze)
+        analysis = _analysis(source, analyze, engine=job.engine, rules=job.rules or None, variant=job.variant)
+        record["analysis"] = {"colors": len(analysis.colors), "resolution_bits": analysis.conflicts.resolution_bits,
+                              "unruled_ops": len(analysis.unruled_ops)}
         try:
             roles = roles_for_input(source.partition("?")[0])
         except ToastError:
@@ -184,18 +231,20 @@ def _first_line(err: Exception) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
-_ANALYSES: dict[str, Any] = {}  # per worker process, the last models analyzed: their jobs analyze them once
+# Per worker process, the last analyses made (by model, engine, rules and variant): their jobs analyze once.
+_ANALYSES: dict[tuple[str, str, str | None, str], Any] = {}
 _KEPT_ANALYSES = 4
 
 
-def _analysis(source: str, analyze: Callable[..., Any]):
-    if source in _ANALYSES:
-        _ANALYSES[source] = _ANALYSES.pop(source)  # most recently used last
+def _analysis(source: str, analyze: Callable[..., Any], *, engine: str, rules: str | None, variant: str):
+    key = (source, engine, rules, variant)
+    if key in _ANALYSES:
+        _ANALYSES[key] = _ANALYSES.pop(key)  # most recently used last
     else:
         while len(_ANALYSES) >= _KEPT_ANALYSES:
             del _ANALYSES[next(iter(_ANALYSES))]
-        _ANALYSES[source] = analyze(source, engine="embedded")
-    return _ANALYSES[source]
+        _ANALYSES[key] = analyze(source, engine=engine, rules=rules, variant=variant)
+    return _ANALYSES[key]
 
 
 def sweep(jobs: Sequence[Job], out_dir: str | Path, *, workers: int = 0, ray_address: str | None = None,
@@ -483,7 +532,9 @@ def summary_row(record: dict[str, Any]) -> dict[str, Any]:
     row: dict[str, Any] = {field: "" for field in SUMMARY_FIELDS}
     row.update(job=record["job"], model=settings["model"], mesh=settings["mesh"], hardware=settings["hardware"],
                memory_gib="hbm" if settings["memory_gib"] is None else settings["memory_gib"], seed=settings["seed"],
-               status=record["status"], job_seconds=round(record.get("job_seconds", 0.0), 2))
+               variant=settings.get("variant", "default"), rules=settings.get("rules", ""),
+               engine=settings.get("engine", DEFAULT_ENGINE), status=record["status"],
+               job_seconds=round(record.get("job_seconds", 0.0), 2), **record.get("analysis", {}))
     if record["status"] != "ok":
         row["error"] = record.get("error", "")
         return row
@@ -514,19 +565,26 @@ def summary_markdown(rows: Sequence[dict[str, Any]]) -> str:
     """The rows as a Markdown table: step times and peaks in human units, errors in the last column."""
     from toast.output.report import human_bytes, human_seconds, markdown_cell
 
-    lines = ["| model | mesh | hardware | memory | seed | toast step | toast peak | over memory | best manual | "
-             "its step | speedup | search s | error |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | mesh | hardware | memory | seed | analysis | colors | resolution bits | unruled ops | "
+             "toast step | toast peak | over memory | best manual | its step | speedup | search s | error |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         memory = row["memory_gib"] if row["memory_gib"] == "hbm" else f"{row['memory_gib']:g} GiB"
+        analysis = " ".join(part for part in (
+            row["variant"], f"rules {Path(row['rules']).name}" if row["rules"] else "",
+            row["engine"] if row["engine"] != DEFAULT_ENGINE else "") if part)
         job = " | ".join(markdown_cell(cell) for cell in (row["model"], row["mesh"], row["hardware"], memory,
-                                                          row["seed"]))
+                                                          row["seed"], analysis))
+        counts = " | ".join(str(row[field]) if row[field] != "" else "-"
+                            for field in ("colors", "resolution_bits", "unruled_ops"))
         if row["status"] != "ok":
-            lines.append(f"| {job} | - | - | - | - | - | - | - | {markdown_cell(row['error'])} |")
+            lines.append(f"| {job} | {counts} | - | - | - | - | - | - | - | {markdown_cell(row['error'])} |")
             continue
         best = markdown_cell(row["best_manual"]) if row["best_manual"] else "-"
         best_step = human_seconds(row["best_manual_step_time_s"]) if row["best_manual"] else "-"
         speedup = f"{row['speedup']:.2f}x" if row["speedup"] != "" else "-"
-        lines.append(f"| {job} | {human_seconds(row['toast_step_time_s'])} | {human_bytes(row['toast_peak_bytes'])} | "
+        lines.append(f"| {job} | {counts} | {human_seconds(row['toast_step_time_s'])} | "
+                     f"{human_bytes(row['toast_peak_bytes'])} | "
                      f"{'yes' if row['toast_over_memory'] else 'no'} | {best} | {best_step} | {speedup} | "
                      f"{row['search_seconds']} | |")
     return "\n".join(lines) + "\n"

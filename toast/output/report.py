@@ -27,6 +27,7 @@ JSON (scripts rely on it): top-level ``colors``, ``unruled_ops``, ``color_confli
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 from typing import Any
 
 from toast.analysis.conflicts import ConflictSite
@@ -113,6 +114,29 @@ def site_json(analysis: Analysis, site: ConflictSite) -> dict[str, Any]:
         op = analysis.program.ops[site.op]
         document["use"] = {"op": analysis.program.op_label(site.op), "kind": op.kind, "operand": site.operand}
     return document
+
+
+# The counts ``variant_table`` sets side by side: (``Analysis.stats`` key, row label).
+VARIANT_ROWS = (("colors", "colors"), ("resolution_bits", "resolution bits"), ("conflicts", "conflicts"),
+                ("color_conflicts", "color conflicts"), ("compatibility_sets", "compatibility sets"),
+                ("boxes", "boxes"), ("identities", "identities"), ("m_edges", "major-factor edges"),
+                ("unruled_ops", "unruled ops"), ("dimension_names", "dimension names"))
+
+
+def variant_table(analyses: Sequence[Analysis]) -> str:
+    """One program's analyses under several variants, side by side (``toast analyze --variant A --variant B``):
+    a Markdown table, a row per count (``VARIANT_ROWS``) and the engines' seconds, a column per variant."""
+    program = analyses[0].program
+    header = [markdown_cell(str(a.stats.get("variant", "default"))) for a in analyses]
+    lines = [f"{program.name}: {len(program.ops)} ops, {analyses[0].stats['dimension_names']} dimension names, "
+             f"engine {analyses[0].stats.get('engine', '?')}",
+             "| | " + " | ".join(header) + " |", "|---|" + "---|" * len(analyses)]
+    for key, label in VARIANT_ROWS:
+        cells = [str(a.stats.get(key, "-")) for a in analyses]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    seconds = [sum(a.stats.get("seconds", {}).values()) for a in analyses]
+    lines.append("| seconds | " + " | ".join(f"{value:.2f}" for value in seconds) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def summary(analysis: Analysis, *, top: int = 10) -> str:

@@ -31,7 +31,7 @@ def search_score(cost: Cost, costs: CostModel) -> float:
     """A state's score for the search (lower is better): its step time relative to the unsharded program's
     where its peak fits ``costs.device_memory``, else ``OVER_MEMORY`` plus its excess over the limit relative
     to the unsharded peak (among states that do not fit, the smaller peak wins; then the faster)."""
-    initial_time, initial_peak = float(costs.initial[0]), float(costs.initial[4])
+    initial_time, initial_peak = float(costs.initial.step_time_s), float(costs.initial.peak_bytes)
     relative_time = cost.step_time_s / initial_time if initial_time > 0 else 1.0
     if cost.peak_bytes <= costs.device_memory:
         return relative_time
