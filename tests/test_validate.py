@@ -431,7 +431,7 @@ def test_nan_where_the_reference_has_nan_is_a_match():
     ([1.001, 5.0], [1.0, 5.0], False, 1e-3, 0),  # 1e-3 over 1e-5 + 1e-4 * 5 (the scale below)
 ])
 def test_shard_agreement_is_nan_aware(got, want, close, error, one_sided):
-    from toast.xla.worker import finite_scale, shard_agreement
+    from toast.xla.numerics import finite_scale, shard_agreement
 
     scale = finite_scale(np.array([1.0, np.nan, -5.0, np.inf]))
     assert scale == 5.0

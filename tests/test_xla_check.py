@@ -15,11 +15,10 @@ import pytest
 
 from toast.errors import ToastError
 from toast.examples.mlp import mlp
+from toast.xla.groups import group_axes, parse_groups
 from toast.xla.hlo_text import HloShape, parse_instruction
+from toast.xla.numerics import compare_outputs
 from toast.xla.worker import (
-    _compare,
-    _group_axes,
-    _parse_groups,
     _strip_shardings,
     check_sharded_module,
     lower_sharded,
@@ -106,20 +105,20 @@ def test_mesh_that_does_not_fit_the_module_is_one_line_error():
 
 
 def test_parse_groups_explicit_empty_and_iota():
-    assert _parse_groups("{{0,2},{1,3}}", 4) == ((0, 2), (1, 3))
-    assert _parse_groups("{}", 4) == ((0, 1, 2, 3),)
-    assert _parse_groups("[4,2]<=[8]", 8) == ((0, 1), (2, 3), (4, 5), (6, 7))
-    assert _parse_groups("[2,4]<=[4,2]T(1,0)", 8) == ((0, 2, 4, 6), (1, 3, 5, 7))
+    assert parse_groups("{{0,2},{1,3}}", 4) == ((0, 2), (1, 3))
+    assert parse_groups("{}", 4) == ((0, 1, 2, 3),)
+    assert parse_groups("[4,2]<=[8]", 8) == ((0, 1), (2, 3), (4, 5), (6, 7))
+    assert parse_groups("[2,4]<=[4,2]T(1,0)", 8) == ((0, 2, 4, 6), (1, 3, 5, 7))
 
 
 def test_parse_groups_mesh_axes_form():
     # XLA's own mesh (axis_0/1/2), iota or with device_ids, and Shardy sub-axes.
-    assert _parse_groups("mesh['axis_0'=4,'axis_1'=1,'axis_2'=2] {'axis_0'}", 8) == ((0, 2, 4, 6), (1, 3, 5, 7))
+    assert parse_groups("mesh['axis_0'=4,'axis_1'=1,'axis_2'=2] {'axis_0'}", 8) == ((0, 2, 4, 6), (1, 3, 5, 7))
     with_ids = "mesh['axis_0'=2,'axis_1'=1,'axis_2'=4], device_ids=([4,2]T(1,0)) {'axis_0'}"
-    assert _parse_groups(with_ids, 8) == ((0, 1), (2, 3), (4, 5), (6, 7))
-    assert _parse_groups("mesh['a'=8] {'a':(1)2}", 8) == ((0, 4), (1, 5), (2, 6), (3, 7))
-    assert _parse_groups("mesh['a'=8] {'a':(2)2}", 8) == ((0, 2), (1, 3), (4, 6), (5, 7))
-    assert _parse_groups("mesh['a'=4,'b'=2] {}", 8) == tuple((i,) for i in range(8))
+    assert parse_groups(with_ids, 8) == ((0, 1), (2, 3), (4, 5), (6, 7))
+    assert parse_groups("mesh['a'=8] {'a':(1)2}", 8) == ((0, 4), (1, 5), (2, 6), (3, 7))
+    assert parse_groups("mesh['a'=8] {'a':(2)2}", 8) == ((0, 2), (1, 3), (4, 6), (5, 7))
+    assert parse_groups("mesh['a'=4,'b'=2] {}", 8) == tuple((i,) for i in range(8))
     line = ("%all-gather = f32[32,64]{1,0} all-gather(%param.1), channel_id=2, replica_groups=mesh['axis_0'=2,"
             "'axis_1'=1,'axis_2'=4], device_ids=([4,2]T(1,0)) {'axis_0'}, dimensions={0}, use_global_device_ids=true")
     attributes = parse_instruction(line).attributes
@@ -140,11 +139,11 @@ def test_strip_shardings_leaves_a_one_device_module():
 
 
 def test_group_axes_follow_row_major_mesh():
-    assert _group_axes([(0, 1), (2, 3), (4, 5), (6, 7)], MESH) == ("model",)
-    assert _group_axes([(0, 2, 4, 6), (1, 3, 5, 7)], MESH) == ("batch",)
-    assert _group_axes([tuple(range(8))], MESH) == ("batch", "model")
-    assert _group_axes([(0,), (1,)], MESH) == ()
-    assert _group_axes([(0, 1), (1, 2)], MESH) == ("batch", "model")  # permute pairs
+    assert group_axes([(0, 1), (2, 3), (4, 5), (6, 7)], MESH) == ("model",)
+    assert group_axes([(0, 2, 4, 6), (1, 3, 5, 7)], MESH) == ("batch",)
+    assert group_axes([tuple(range(8))], MESH) == ("batch", "model")
+    assert group_axes([(0,), (1,)], MESH) == ()
+    assert group_axes([(0, 1), (1, 2)], MESH) == ("batch", "model")  # permute pairs
 
 
 def test_parse_instruction_tuple_shape_and_attributes():
@@ -164,7 +163,7 @@ def test_compare_flags_a_wrong_shard():
     device = jax.devices("cpu")[0]
     reference = np.arange(12, dtype=np.float32).reshape(3, 4)
     replicated = [xla_client.HloSharding.replicate().to_proto()]
-    good = _compare([[jax.device_put(reference, device)]], [reference], replicated, [device])
+    good = compare_outputs([[jax.device_put(reference, device)]], [reference], replicated, [device])
     assert good == {"match": True, "max_abs_error": 0.0, "outputs": 1, "nan_values": 0, "nan_mismatches": 0}
-    bad = _compare([[jax.device_put(reference + 1e-2, device)]], [reference], replicated, [device])
+    bad = compare_outputs([[jax.device_put(reference + 1e-2, device)]], [reference], replicated, [device])
     assert not bad["match"] and bad["max_abs_error"] == pytest.approx(1e-2, rel=1e-2)

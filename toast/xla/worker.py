@@ -41,7 +41,7 @@ The compiled module comes from ``LoadedExecutable.hlo_modules()`` (``jaxlib._hlo
 computations, instructions, opcodes, operands and users are walked through that structured
 API. jaxlib 0.10.2 ships no HloModuleProto schema and ``HloInstruction`` exposes neither its
 shape nor its replica groups, so those two are read from ``HloInstruction.to_string()`` by a
-small parser of one HLO instruction line (``_parse_instruction``): the result shape (array or
+small parser of one HLO instruction line (``toast.xla.hlo_text``): the result shape (array or
 tuple, layout skipped), and the ``replica_groups`` or ``source_target_pairs`` attribute. XLA
 0.10 prints replica groups in three forms, all read: explicit ``{{0,1},{2,3}}``, iota
 ``[4,2]<=[4,2]T(1,0)``, and mesh axes ``mesh['axis_0'=4,'axis_1'=1,'axis_2'=2] {'axis_0'}``
@@ -52,29 +52,34 @@ Limits: a collective inside a loop body is listed once (the list is static, not 
 ``axes`` names a mesh axis even when the groups span only part of it (a sub-axis), ``groups``
 has the exact devices; shard_map (``sdy.manual_computation``) modules are refused.
 
+This module is the protocol (the caller's side, the worker's ``main``) and the compile and run; the
+worker's other jobs are modules of their own: ``numerics`` (random inputs, shards against the reference),
+``hlo_collectives`` (the compiled module's collectives) with ``groups`` (device groups as mesh axes) and
+``hlo_text``, ``live_range`` (XLA's live peak), and ``report`` (what the reply holds).
+
 Tests: ``tests/test_xla_check.py``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
-import math
 import os
 import re
 import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from toast.errors import ToastError
 from toast.processes import worker_setup
-from toast.xla.hlo_text import HloShape, parse_instruction
-from toast.xla.live_range import LivePeak, LiveValue, live_peak_from_dump
+from toast.xla.groups import device_count
+from toast.xla.hlo_collectives import hlo_collectives
+from toast.xla.live_range import live_peak_from_dump
+from toast.xla.numerics import compare_outputs, random_inputs
+from toast.xla.report import Numerics, XlaCollective, XlaReport, report_from_json
 
 __all__ = [
     "Numerics",
@@ -84,113 +89,6 @@ __all__ = [
     "lower_sharded",
     "run_worker",
 ]
-
-# Comparison tolerances (rtol, atol) by element type; exact for integers and booleans.
-_TOLERANCES: dict[str, tuple[float, float]] = {
-    "f64": (1e-4, 1e-5),
-    "f32": (1e-4, 1e-5),
-    "f16": (1e-2, 1e-2),
-    "bf16": (1e-2, 1e-2),
-}
-
-# Collective opcode name (``HloOpcode.name`` without the leading ``k``) -> reported kind.
-_COLLECTIVE_KINDS: dict[str, str] = {
-    "AllReduce": "all-reduce",
-    "AllReduceStart": "all-reduce",
-    "AllGather": "all-gather",
-    "AllGatherStart": "all-gather",
-    "ReduceScatter": "reduce-scatter",
-    "AllToAll": "all-to-all",
-    "RaggedAllToAll": "ragged-all-to-all",
-    "CollectivePermute": "collective-permute",
-    "CollectivePermuteStart": "collective-permute",
-    "CollectiveBroadcast": "collective-broadcast",
-}
-
-# The ``*-start`` opcodes -> the ``*-done`` opcode that carries the result.
-_DONE_OF_START: dict[str, str] = {
-    "AllReduceStart": "AllReduceDone",
-    "AllGatherStart": "AllGatherDone",
-    "CollectivePermuteStart": "CollectivePermuteDone",
-}
-
-
-@dataclass(frozen=True)
-class Numerics:
-    """Sharded outputs against the 1-device reference.
-
-    Attributes:
-      match: every output shard on every device is close to the reference (``numpy.allclose``
-        with rtol=1e-4, atol=1e-5 + rtol·max|reference| for f32/f64, rtol=atol=1e-2 (plus the
-        same scaled term) for f16/bf16, exact for integers: sharding reorders sums, whose
-        rounding error follows the output's magnitude).
-        A NaN matches a NaN at the same place (a program that makes NaN makes it sharded or not); a
-        NaN on one side only is a mismatch.
-      max_abs_error: the largest absolute difference over all outputs and devices, where neither side is
-        NaN or infinite.
-      outputs: how many outputs ``@main`` returns.
-      nan_values: NaN elements of the reference outputs.
-      nan_mismatches: output elements NaN on one side only (over all devices' shards).
-    """
-
-    match: bool
-    max_abs_error: float
-    outputs: int
-    nan_values: int = 0
-    nan_mismatches: int = 0
-
-
-@dataclass(frozen=True)
-class XlaCollective:
-    """One collective of XLA's partitioned module (an async start/done pair counts once).
-
-    Attributes:
-      kind: ``all-reduce``, ``all-gather``, ``reduce-scatter``, ``all-to-all``,
-        ``ragged-all-to-all``, ``collective-permute`` or ``collective-broadcast``.
-      axes: the mesh axes the device groups vary along, in mesh order (``("model",)``);
-        empty when every group is one device.
-      groups: the device groups (partition ids), or ``(source, target)`` pairs for a
-        collective-permute; exact where ``axes`` is coarse (a group over part of an axis).
-      dtype: HLO element type of the first operand (``f32``, ``s32``, ``bf16``, ...).
-      shape: per-device shape of the first operand.
-      bytes_in: per-device bytes of all operands (the shards sent in).
-      bytes_out: per-device bytes of the result (the shard that comes out).
-      name: the instruction's name in the HLO module.
-      parts: ``(bytes_in, bytes_out)`` per operand when XLA combined several collectives into
-        one variadic instruction (its all-reduce/all-gather combiners), else one pair.
-    """
-
-    kind: str
-    axes: tuple[str, ...]
-    groups: tuple[tuple[int, ...], ...]
-    dtype: str
-    shape: tuple[int, ...]
-    bytes_in: int
-    bytes_out: int
-    name: str
-    parts: tuple[tuple[int, int], ...] = ()
-
-
-@dataclass(frozen=True)
-class XlaReport:
-    """What XLA made of a sharded module.
-
-    Attributes:
-      numerics: the sharded run against the unsharded reference.
-      collectives: the collectives of the compiled module, in instruction order of the
-        module's computations.
-      memory: per-device sizes in bytes from ``CompiledMemoryStats``, under XLA's names
-        (``argument_size_in_bytes``, ``output_size_in_bytes``, ``temp_size_in_bytes``,
-        ``generated_code_size_in_bytes``, ``alias_size_in_bytes``, ``peak_memory_in_bytes``
-        and the ``host_*`` ones).
-      live_peak: the values live at once at the peak of XLA's schedule (``toast.xla.live_range``);
-        None in a reply that has none.
-    """
-
-    numerics: Numerics
-    collectives: tuple[XlaCollective, ...]
-    memory: dict[str, int]
-    live_peak: LivePeak | None = None
 
 
 # ---- the caller's side ------------------------------------------------------------------
@@ -261,7 +159,7 @@ def check_sharded_module(mlir_text: str, mesh_axes: Sequence[tuple[str, int]], *
     """
     mesh = _mesh_json(mesh_axes)
     reply = run_worker({"mlir": mlir_text, "mesh": mesh, "seed": int(seed)},
-                       devices=_device_count(mesh_axes), timeout_s=timeout_s)
+                       devices=device_count(mesh_axes), timeout_s=timeout_s)
     return report_from_json(reply)
 
 
@@ -289,29 +187,8 @@ def lower_sharded(source: str, mesh_axes: Sequence[tuple[str, int]], *, in_specs
     """
     request = {"lower": source, "mesh": _mesh_json(mesh_axes), "in_specs": list(in_specs),
                "out_specs": list(out_specs), "shardy": shardy}
-    reply = run_worker(request, devices=_device_count(mesh_axes), timeout_s=timeout_s)
+    reply = run_worker(request, devices=device_count(mesh_axes), timeout_s=timeout_s)
     return str(reply["mlir"])
-
-
-def report_from_json(reply: dict[str, Any]) -> XlaReport:
-    """The ``XlaReport`` of a check worker's JSON reply."""
-    numerics = reply["numerics"]
-    return XlaReport(
-        numerics=Numerics(match=bool(numerics["match"]), max_abs_error=float(numerics["max_abs_error"]),
-                          outputs=int(numerics["outputs"]), nan_values=int(numerics.get("nan_values", 0)),
-                          nan_mismatches=int(numerics.get("nan_mismatches", 0))),
-        collectives=tuple(
-            XlaCollective(kind=c["kind"], axes=tuple(c["axes"]), groups=tuple(tuple(g) for g in c["groups"]),
-                          dtype=c["dtype"], shape=tuple(c["shape"]), bytes_in=int(c["bytes_in"]),
-                          bytes_out=int(c["bytes_out"]), name=c["name"],
-                          parts=tuple((int(i), int(o)) for i, o in c.get("parts", ())))
-            for c in reply["collectives"]
-        ),
-        memory={str(k): int(v) for k, v in reply["memory"].items()},
-        live_peak=(LivePeak(time=int(reply["live_peak"]["time"]),
-                            values=tuple(LiveValue(str(n), int(b), str(k)) for n, b, k in reply["live_peak"]["values"]))
-                   if reply.get("live_peak") else None),
-    )
 
 
 def _mesh_json(mesh_axes: Sequence[tuple[str, int]]) -> dict[str, Any]:
@@ -327,108 +204,7 @@ def _mesh_json(mesh_axes: Sequence[tuple[str, int]]) -> dict[str, Any]:
     return {"axes": [list(axis) for axis in axes]}
 
 
-def _device_count(mesh_axes: Sequence[tuple[str, int]]) -> int:
-    """The number of devices of a mesh: the product of its axis sizes."""
-    return math.prod(int(size) for _, size in mesh_axes)
-
-
 # ---- device groups of collectives (pure; used by the worker, testable anywhere) -----------
-
-
-def _parse_groups(text: str, device_count: int) -> tuple[tuple[int, ...], ...]:
-    """Device groups of ``replica_groups=``/``source_target_pairs=`` text.
-
-    Forms: ``{{0,1},{2,3}}``; ``{}`` (all ``device_count`` devices in one group); the iota form
-    ``[G,S]<=[d0,d1,...]`` or ``[G,S]<=[d0,d1,...]T(p0,p1,...)``: ``arange(prod(d))`` reshaped
-    to ``d``, transposed by ``p``, reshaped to ``G`` groups of ``S``; the mesh-axes form (see
-    ``_mesh_axes_groups``).
-    """
-    import numpy as np
-
-    text = text.strip()
-    if text.startswith("mesh["):
-        return _mesh_axes_groups(text, device_count)
-    iota = re.fullmatch(r"\[([\d,\s]+)\]<=\[([\d,\s]+)\](?:T\(([\d,\s]+)\))?", text)
-    if iota is not None:
-        shape, reshape = (tuple(int(x) for x in g.split(",")) for g in iota.group(1, 2))
-        perm = tuple(int(x) for x in iota.group(3).split(",")) if iota.group(3) else tuple(range(len(reshape)))
-        ids = np.arange(math.prod(reshape)).reshape(reshape).transpose(perm).reshape(shape[0], -1)
-        return tuple(tuple(int(x) for x in row) for row in ids)
-    if re.fullmatch(r"\{\s*\}", text):
-        return (tuple(range(device_count)),)
-    if not (text.startswith("{") and text.endswith("}")):
-        raise ToastError(f"cannot read device groups {text[:60]!r}")
-    groups = re.findall(r"\{([\d,\s]*)\}", text[1:-1])
-    return tuple(tuple(int(x) for x in g.split(",") if x.strip()) for g in groups)
-
-
-def _mesh_axes_groups(text: str, device_count: int) -> tuple[tuple[int, ...], ...]:
-    """Device groups of XLA's mesh-axes replica groups (``MeshAxesReplicaGroupList``).
-
-    Form: ``mesh['a'=4,'b'=1,'c'=2] {'a'}``, with ``, device_ids=(IDS)`` after the ``]`` when
-    the mesh's devices are not in iota order (``IDS`` is ``[r0,r1,...]T(p0,...)`` or an
-    explicit id list), and sub-axes ``'a':(pre)size`` in the braces. XLA's mesh here is its own
-    (names like ``axis_0``), not the user's. A group is every device reached by varying the
-    listed (sub-)axes with the others fixed; a sub-axis ``(pre)size`` of an axis of size ``n``
-    is the middle factor of ``n`` split major-to-minor as ``[pre, size, n / (pre * size)]``.
-    """
-    import numpy as np
-
-    match = re.fullmatch(r"mesh\[([^\]]*)\](?:\s*,\s*device_ids=\((.*)\))?\s*\{([^}]*)\}", text.strip())
-    if match is None:
-        raise ToastError(f"cannot read mesh-axes device groups {text[:80]!r}")
-    axes = re.findall(r"'?([^',=\s]+)'?\s*=\s*(\d+)", match.group(1))
-    names = [name for name, _ in axes]
-    sizes = [int(size) for _, size in axes]
-    count = math.prod(sizes)
-    if count != device_count:
-        raise ToastError(f"mesh-axes device groups over {count} devices, the mesh has {device_count}: {text[:80]!r}")
-    ids = np.arange(count)
-    if match.group(2):
-        listed = [int(x) for x in re.findall(r"\d+", match.group(2).split("]")[0])]
-        transpose = re.search(r"T\(([\d,\s]+)\)", match.group(2))
-        if len(listed) == count and sorted(listed) == list(range(count)):
-            ids = np.array(listed)  # explicit ids (never a valid reshape: it holds a 0)
-        else:
-            perm = [int(x) for x in transpose.group(1).split(",")] if transpose else list(range(len(listed)))
-            ids = np.arange(count).reshape(listed).transpose(perm).reshape(-1)
-    refs = []
-    for ref in (r.strip() for r in match.group(3).split(",") if r.strip()):
-        parsed = re.fullmatch(r"'?([^':]+)'?(?::\((\d+)\)(\d+))?", ref)
-        if parsed is None or parsed.group(1) not in names:
-            raise ToastError(f"cannot read mesh axis '{ref}' in device groups {text[:80]!r}")
-        axis = names.index(parsed.group(1))
-        pre, size = (int(parsed.group(2)), int(parsed.group(3))) if parsed.group(2) else (1, sizes[axis])
-        refs.append((axis, pre, size))
-    # Split each axis at its sub-axes' boundaries: factors of the axis, major to minor.
-    bounds = [sorted({1, n, *(b for a, pre, size in refs if a == axis for b in (pre, pre * size))})
-              for axis, n in enumerate(sizes)]
-    factors: list[int] = []
-    first: list[int] = []
-    for axis_bounds in bounds:
-        first.append(len(factors))
-        factors.extend(hi // lo for lo, hi in itertools.pairwise(axis_bounds))
-    grouped = [first[a] + i for a, pre, size in refs
-               for i, (lo, hi) in enumerate(itertools.pairwise(bounds[a])) if pre <= lo and hi <= pre * size]
-    kept = [i for i in range(len(factors)) if i not in grouped]
-    group_size = math.prod(factors[i] for i in grouped)
-    table = ids.reshape(factors or [1]).transpose(kept + grouped).reshape(-1, group_size)
-    return tuple(tuple(int(x) for x in row) for row in table)
-
-
-def _group_axes(groups: Sequence[Sequence[int]], mesh_axes: Sequence[tuple[str, int]]) -> tuple[str, ...]:
-    """Mesh axes along which the members of some group differ (partition ids, row-major mesh)."""
-    import numpy as np
-
-    sizes = tuple(size for _, size in mesh_axes)
-    varying = [False] * len(sizes)
-    for group in groups:
-        if any(not 0 <= device < math.prod(sizes) for device in group):
-            raise ToastError(f"device group {list(group)} has ids outside the mesh of {math.prod(sizes)} devices")
-        coords = np.array(np.unravel_index(np.asarray(group, dtype=np.int64), sizes)).reshape(len(sizes), -1)
-        for axis in range(len(sizes)):
-            varying[axis] |= bool(len(np.unique(coords[axis])) > 1)
-    return tuple(name for (name, _), vary in zip(mesh_axes, varying, strict=True) if vary)
 
 
 # ---- the worker's side --------------------------------------------------------------------
@@ -448,7 +224,7 @@ def _mesh_devices(mesh_axes: Sequence[tuple[str, int]]) -> list[Any]:
     """The first ``prod(sizes)`` host CPU devices (partition order)."""
     import jax
 
-    count = _device_count(mesh_axes)
+    count = device_count(mesh_axes)
     devices = jax.devices("cpu")
     if len(devices) < count:
         raise ToastError(f"the worker has {len(devices)} CPU devices, the mesh needs {count}")
@@ -503,18 +279,18 @@ def _check(text: str, mesh_axes: Sequence[tuple[str, int]], *, seed: int) -> dic
         _check_mesh(module, mesh_axes)
         signature = _main_signature(module)
         reference_text = _strip_shardings(module)
-    inputs = _random_inputs(signature[0], seed=seed)
+    inputs = random_inputs(signature[0], seed=seed)
     with tempfile.TemporaryDirectory(prefix="toast-xla-dump-") as dump_dir:
         sharded = _compile(text, devices, shardy=shardy, dump_to=dump_dir)
         hlo_modules = sharded.hlo_modules()
         live_peak = live_peak_from_dump(Path(dump_dir), hlo_modules[0])
     reference = _compile(reference_text, devices[:1], shardy=False)
     expected = [out[0] for out in _execute(reference, devices[:1], inputs)]
-    numerics = _compare(_execute(sharded, devices, inputs), expected, sharded.get_output_shardings(), devices)
+    numerics = compare_outputs(_execute(sharded, devices, inputs), expected, sharded.get_output_shardings(), devices)
     stats = sharded.get_compiled_memory_stats()
     memory = {name: int(getattr(stats, name)) for name in dir(stats)
               if name.endswith("_in_bytes") and isinstance(getattr(stats, name), int)}
-    collectives = [c for hlo in hlo_modules for c in _collectives(hlo, mesh_axes)]
+    collectives = [c for hlo in hlo_modules for c in hlo_collectives(hlo, mesh_axes)]
     return {"numerics": numerics, "collectives": [dataclasses.asdict(c) for c in collectives], "memory": memory,
             "live_peak": {"time": live_peak.time,
                           "values": [[v.name, v.bytes, v.kind] for v in live_peak.values]}}
@@ -550,7 +326,7 @@ def _check_mesh(module: Any, mesh_axes: Sequence[tuple[str, int]]) -> None:
     from jaxlib.mlir import ir
 
     attrs = module.operation.attributes
-    count = _device_count(mesh_axes)
+    count = device_count(mesh_axes)
     if "mhlo.num_partitions" in attrs and ir.IntegerAttr(attrs["mhlo.num_partitions"]).value != count:
         partitions = ir.IntegerAttr(attrs["mhlo.num_partitions"]).value
         raise ToastError(f"the module is partitioned for {partitions} devices, the mesh has {count}")
@@ -645,45 +421,6 @@ def _without_shardings(array: Any) -> Any:
     return ir.ArrayAttr.get(dicts)
 
 
-def _numpy_dtype(element_type: str) -> Any:
-    """The numpy dtype of an MLIR element type name (``f32``, ``i32``, ``ui8``, ``i1``, ``bf16``)."""
-    import ml_dtypes
-    import numpy as np
-
-    table = {"f64": np.float64, "f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16,
-             "i1": np.bool_, "i8": np.int8, "i16": np.int16, "i32": np.int32, "i64": np.int64,
-             "ui8": np.uint8, "ui16": np.uint16, "ui32": np.uint32, "ui64": np.uint64,
-             "complex<f32>": np.complex64, "complex<f64>": np.complex128}
-    if element_type not in table:
-        raise ToastError(f"@main has an argument of element type {element_type}, which the XLA check cannot fill")
-    return np.dtype(table[element_type])
-
-
-def _random_inputs(arguments: Sequence[tuple[tuple[int, ...], str]], *, seed: int) -> list[Any]:
-    """Seeded inputs: floats ``0.1 * |N(0, 1)|`` (non-negative, so that an optimizer state such as Adam's
-    second moment stays non-negative and its square root finite); integers uniform in ``[0, k)`` where
-    ``k`` is the smallest dimension (>1) of any argument, so that they index any of them; booleans
-    uniform."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    dims = [d for shape, _ in arguments for d in shape if d > 1]
-    high = min(dims) if dims else 2
-    inputs = []
-    for shape, element_type in arguments:
-        dtype = _numpy_dtype(element_type)
-        if dtype == np.bool_:
-            value = rng.integers(0, 2, size=shape).astype(bool)
-        elif np.issubdtype(dtype, np.integer):
-            value = rng.integers(0, high, size=shape).astype(dtype)
-        elif np.issubdtype(dtype, np.complexfloating):
-            value = (0.1 * (rng.standard_normal(shape) + 1j * rng.standard_normal(shape))).astype(dtype)
-        else:
-            value = (0.1 * np.abs(rng.standard_normal(shape))).astype(dtype)
-        inputs.append(value)
-    return inputs
-
-
 def _compile(text: str, devices: Sequence[Any], *, shardy: bool, dump_to: str | None = None) -> Any:
     """``backend.compile_and_load`` of StableHLO text for ``len(devices)`` SPMD partitions; with
     ``dump_to``, XLA writes its text dumps there (the live-range report among them)."""
@@ -721,146 +458,6 @@ def _execute(executable: Any, devices: Sequence[Any], inputs: Sequence[Any]) -> 
         arrays.append(jax.device_put(value, placement))
     results = executable.execute_sharded(arrays)
     return results.disassemble_into_single_device_arrays()
-
-
-def _compare(outputs: Sequence[Sequence[Any]], expected: Sequence[Any], shardings: Sequence[Any] | None,
-             devices: Sequence[Any]) -> dict[str, Any]:
-    """Each device's output shard against the reference slice it should hold.
-
-    Args:
-      outputs: per output, the per-device result arrays (``jax.Array`` on one device each).
-      expected: per output, the full reference value.
-      shardings: per output, its ``OpSharding`` over ``devices`` (partition order); None for a 1-device
-        executable (XLA gives none: each output is whole).
-      devices: the devices of the sharded run.
-
-    Returns:
-      ``{"match", "max_abs_error", "outputs", "nan_values", "nan_mismatches"}`` as in ``Numerics``.
-    """
-    import numpy as np
-    from jax.extend.sharding import GSPMDSharding
-
-    if len(outputs) != len(expected) or (shardings is not None and len(shardings) != len(expected)):
-        raise ToastError(f"the sharded module returns {len(outputs)} outputs, the reference {len(expected)}")
-    match, worst, nan_values, nan_mismatches = True, 0.0, 0, 0
-    for index, (output, reference) in enumerate(zip(outputs, expected, strict=True)):
-        reference = np.asarray(reference)
-        where = ({device: () for device in devices} if shardings is None
-                 else GSPMDSharding(tuple(devices), shardings[index]).devices_indices_map(reference.shape))
-        tolerance = _TOLERANCES.get(_short_dtype(reference.dtype))
-        scale = finite_scale(reference)
-        if np.issubdtype(reference.dtype, np.inexact):
-            nan_values += int(np.isnan(reference).sum())
-        for shard in output:
-            got = np.asarray(shard)
-            want = reference[where[next(iter(shard.devices()))]]
-            if got.shape != want.shape:
-                raise ToastError(f"output shard of shape {got.shape} where the reference slice is {want.shape}")
-            if got.size == 0:
-                continue
-            close, error, mismatched = shard_agreement(got, want, tolerance=tolerance, scale=scale)
-            match &= close
-            worst = max(worst, error)
-            nan_mismatches += mismatched
-    return {"match": match, "max_abs_error": worst, "outputs": len(expected), "nan_values": nan_values,
-            "nan_mismatches": nan_mismatches}
-
-
-def finite_scale(reference: Any) -> float:
-    """The largest magnitude among the finite values of ``reference`` (0 where there are none): what the
-    absolute tolerance scales with (sharding reorders sums, whose rounding error follows the output's
-    magnitude, not each element's); one NaN or infinity must not make every tolerance NaN or infinite."""
-    import numpy as np
-
-    values = np.abs(np.asarray(reference).astype(np.complex128))
-    finite = values[np.isfinite(values)]
-    return float(finite.max()) if finite.size else 0.0
-
-
-def shard_agreement(got: Any, want: Any, *, tolerance: tuple[float, float] | None, scale: float
-                    ) -> tuple[bool, float, int]:
-    """One output shard against its reference slice: ``(close, largest absolute difference where both are
-    finite, elements NaN on one side only)``. Close: no NaN on one side only, and the rest within
-    ``tolerance`` (rtol, atol), the absolute part plus rtol·``scale``, or equal where ``tolerance`` is
-    ``None`` (integers, booleans); NaN matches NaN, an infinity the same infinity."""
-    import numpy as np
-
-    got_c, want_c = np.asarray(got).astype(np.complex128), np.asarray(want).astype(np.complex128)
-    mismatched = int((np.isnan(got_c) != np.isnan(want_c)).sum())
-    both = np.isfinite(got_c) & np.isfinite(want_c)
-    error = float(np.max(np.abs(got_c[both] - want_c[both]))) if both.any() else 0.0
-    if tolerance is None:
-        close = bool(np.array_equal(got_c, want_c, equal_nan=True))
-    else:
-        rtol, atol = tolerance
-        close = bool(np.allclose(got_c, want_c, rtol=rtol, atol=atol + rtol * scale, equal_nan=True))
-    return mismatched == 0 and close, error, mismatched
-
-
-def _short_dtype(dtype: Any) -> str:
-    """``f32``-style name of a numpy float dtype, else its numpy name."""
-    return {"float64": "f64", "float32": "f32", "float16": "f16", "bfloat16": "bf16"}.get(str(dtype), str(dtype))
-
-
-def _opcode_name(instruction: Any) -> str:
-    """``AllReduce`` for ``HloOpcode.kAllReduce``."""
-    return instruction.opcode.name.removeprefix("k")
-
-
-def _collectives(hlo_module: Any, mesh_axes: Sequence[tuple[str, int]]) -> list[XlaCollective]:
-    """The collectives of a compiled ``HloModule``, each once.
-
-    ``*-done`` instructions are skipped (their ``*-start`` is reported, with the done's result
-    as ``bytes_out``); an ``async-start`` is resolved to its wrapped collective; instruction
-    names (unique in a module) deduplicate the wrapped computation's own copy.
-    """
-    found: dict[str, XlaCollective] = {}
-    for computation in hlo_module.computations():
-        for instruction in computation.instructions():
-            opcode = _opcode_name(instruction)
-            if opcode == "AsyncStart":
-                instruction = instruction.async_wrapped_root()
-                opcode = _opcode_name(instruction)
-            if opcode in _COLLECTIVE_KINDS:
-                name = instruction.name
-                if name not in found:
-                    found[name] = _collective(instruction, opcode, mesh_axes)
-    return list(found.values())
-
-
-def _collective(instruction: Any, opcode: str, mesh_axes: Sequence[tuple[str, int]]) -> XlaCollective:
-    """One ``XlaCollective`` from an HLO instruction (``opcode`` as ``_opcode_name`` gives it)."""
-    parsed = parse_instruction(instruction.to_string())
-    operands = [shape for operand in instruction.operands()
-                for shape in parse_instruction(operand.to_string()).shapes]
-    result = parsed.shapes
-    done = _DONE_OF_START.get(opcode)
-    if done is not None:
-        users = [user for user in instruction.users() if _opcode_name(user) == done]
-        if users:
-            result = parse_instruction(users[0].to_string()).shapes
-    count = _device_count(mesh_axes)
-    if parsed.attributes.get("replica_groups", "").startswith("mesh[") and "device_ids" in parsed.attributes:
-        # ``mesh[...], device_ids=(...) {axes}``: the comma split one value in two.
-        parsed.attributes["replica_groups"] += ", device_ids=" + parsed.attributes.pop("device_ids")
-    if "source_target_pairs" in parsed.attributes:
-        groups = _parse_groups(parsed.attributes["source_target_pairs"], count)
-    else:
-        groups = _parse_groups(parsed.attributes.get("replica_groups", "{}"), count)
-    first = operands[0] if operands else (result[0] if result else HloShape("token", ()))
-    return XlaCollective(
-        kind=_COLLECTIVE_KINDS[opcode],
-        axes=_group_axes(groups, mesh_axes),
-        groups=groups,
-        dtype=first.dtype,
-        shape=first.dims,
-        bytes_in=sum(s.nbytes for s in operands),
-        bytes_out=sum(s.nbytes for s in result),
-        name=parsed.name,
-        parts=(tuple((i.nbytes, o.nbytes) for i, o in zip(operands, result, strict=True))
-               if len(operands) == len(result)
-               else ((sum(s.nbytes for s in operands), sum(s.nbytes for s in result)),)),
-    )
 
 
 def main() -> None:
