@@ -151,10 +151,28 @@ class KernelPlan:
 
     def __init__(self, program: Program, *, elementwise_ops: frozenset[int] = frozenset()):
         self.program = program
-        ops = program.ops
-        producer = program.producer
-        value_count = len(program.values)
         self.loops: dict[int, Loop] = {}
+        # The passes, in order; each reads what the ones before made.
+        root = self._view_roots()
+        self._scopes_and_loops()
+        category = self._categories(elementwise_ops)
+        users, escapes = self._users_and_escapes(root, category)
+        materialized_cheap = self._materialized_cheap(category, escapes)
+        root = self._share_select_and_scatter_init(root, users, escapes, materialized_cheap)
+        self.root = root
+        fuses_into = self._fusion(root, category, users, escapes, materialized_cheap)
+        in_place_writes = self._in_place_writes(root, category, users, materialized_cheap, fuses_into)
+        group = self._sibling_groups(root, category, materialized_cheap, fuses_into)
+        self._form_kernels(category, materialized_cheap, fuses_into, group)
+        self._boundaries(root, category, users, escapes, materialized_cheap, fuses_into, in_place_writes)
+        # Buffers and live ranges in kernel positions.
+        self.buffers, self.buffer_born, self.buffer_dies = self._live_ranges(
+            users, escapes, materialized_cheap, category)
+
+    def _view_roots(self) -> np.ndarray:
+        """``int64[values]``: the value whose buffer each value is (views, inlined calls, loops in place)."""
+        ops = self.program.ops
+        value_count = len(self.program.values)
         # Views: the buffer each value is.
         source = list(range(value_count))
         for op in ops:
@@ -193,8 +211,11 @@ class KernelPlan:
             step = value_id
             while source[step] != r:  # path compression: every chain is walked once
                 source[step], step = r, source[step]
-        self.root = root
+        return root
 
+    def _scopes_and_loops(self) -> None:
+        """Sets ``scope`` (per op) and ``loops``."""
+        program, ops = self.program, self.program.ops
         # Scheduling scope of each op: the innermost loop or branch op holding it (inline regions are
         # transparent), -1 at top level.
         scope = [-1] * len(ops)
@@ -208,6 +229,9 @@ class KernelPlan:
                 trips = _trip_count(program, op)
                 self.loops[op.id] = Loop(op.id, trips or 1, trips is not None)
 
+    def _categories(self, elementwise_ops: frozenset[int]) -> list[str]:
+        """Each op's category: ``_category``'s, or ``computation`` inside a reduce's (scatter's, sort's) region."""
+        ops = self.program.ops
         # Ops in the computation region of a reduce, scatter, sort, ... are that op's scalar function, not
         # kernels of their own.
         category: list[str] = []
@@ -216,6 +240,12 @@ class KernelPlan:
             in_computation = op.parent is not None and (
                 category[op.parent[0]] == "computation" or holder not in INLINE_OPS | LOOP_OPS | BRANCH_OPS)
             category.append("computation" if in_computation else _category(op, op.id in elementwise_ops))
+        return category
+
+    def _users_and_escapes(self, root: np.ndarray, category: list[str]) -> tuple[list[list[int]], np.ndarray]:
+        """Per buffer: the ops reading it, and whether a terminator, loop, branch or library call reads it."""
+        program, ops = self.program, self.program.ops
+        value_count = len(self.program.values)
         # Users of each buffer (through views), by op: the real readers.
         users: list[list[int]] = [[] for _ in range(value_count)]
         escapes = np.zeros(value_count, dtype=bool)  # read by a terminator, a loop, a branch or a library call
@@ -237,6 +267,11 @@ class KernelPlan:
                 for value_id in op.operands:
                     escapes[root[value_id]] = True
 
+        return users, escapes
+
+    def _materialized_cheap(self, category: list[str], escapes: np.ndarray) -> np.ndarray:
+        """Per op: a cheap producer that is stored (something other than a fusible op reads it)."""
+        ops = self.program.ops
         # Cheap producers are materialized only when something other than a fusible op reads them.
         materialized_cheap = np.zeros(len(ops), dtype=bool)
         for op in ops:
@@ -244,9 +279,13 @@ class KernelPlan:
                 for value_id in op.results:
                     if escapes[value_id]:
                         materialized_cheap[op.id] = True
-        root = self._share_select_and_scatter_init(root, users, escapes, materialized_cheap)
-        self.root = root
+        return materialized_cheap
 
+    def _fusion(self, root: np.ndarray, category: list[str], users: list[list[int]], escapes: np.ndarray,
+                materialized_cheap: np.ndarray) -> list[str]:
+        """Per op: its category, or ``recomputed`` where it fuses into its readers."""
+        program, ops, producer = self.program, self.program.ops, self.program.producer
+        scope = self.scope
         # Fusion: a fusible op whose results only fusible ops, reductions and scatters of its scope read fuses
         # into all of them or none (XLA's GPU priority fusion, priority_fusion.cc: ``CanFuseWithAllNonBitcastUsers``).
         # Fused, it is recomputed in every kernel its readers land in (sibling reductions counted apart) and never
@@ -314,6 +353,13 @@ class KernelPlan:
                     for u in readers_of[op.id]):
                 fuses_into[op.id] = "recomputed"  # every reader reads the slice where it lies
                 landing[op.id] = frozenset().union(*(landing[u] for u in readers_of[op.id]))
+        return fuses_into
+
+    def _in_place_writes(self, root: np.ndarray, category: list[str], users: list[list[int]],
+                         materialized_cheap: np.ndarray, fuses_into: list[str]) -> list[tuple[int, int]]:
+        """``(producer op, dynamic_update_slice op)`` pairs; marks those updates ``in_place`` in ``fuses_into``."""
+        ops, producer = self.program.ops, self.program.producer
+        scope = self.scope
         # A dynamic_update_slice of a value another kernel makes: that kernel also writes the update into the
         # slice in place (XLA's dynamic-slice fusion for library calls, multi-output fusion for the others),
         # no kernel of its own.
@@ -333,6 +379,13 @@ class KernelPlan:
                 elif fuses_into[p] in ("fusible", "reduction", "matmul", "library"):
                     fuses_into[op.id] = "in_place"
                     in_place_writes.append((p, op.id))
+        return in_place_writes
+
+    def _sibling_groups(self, root: np.ndarray, category: list[str], materialized_cheap: np.ndarray,
+                        fuses_into: list[str]) -> np.ndarray:
+        """``int64[ops]``: the kernel group of each op (its own id but for reductions fused as siblings)."""
+        program, ops, producer = self.program, self.program.ops, self.program.producer
+        scope = self.scope
         # Sibling (multi-output) fusion: reductions of one scope over the same shape and dims that read a
         # common buffer and do not depend on each other become one kernel (XLA's multi-output fusion, e.g.
         # the scale and bias gradients of a LayerNorm).
@@ -382,6 +435,12 @@ class KernelPlan:
                 if chosen not in bucket:
                     bucket.append(chosen)
 
+        return group
+
+    def _form_kernels(self, category: list[str], materialized_cheap: np.ndarray, fuses_into: list[str],
+                      group: np.ndarray) -> None:
+        """Sets ``kernels`` and ``kernel_of_op``."""
+        ops = self.program.ops
         forms_kernel = np.zeros(len(ops), dtype=bool)
         for op in ops:
             cat = fuses_into[op.id]
@@ -404,6 +463,12 @@ class KernelPlan:
         self.kernels = tuple(kernels)
         self.kernel_of_op = kernel_of_op
 
+    def _boundaries(self, root: np.ndarray, category: list[str], users: list[list[int]], escapes: np.ndarray,
+                    materialized_cheap: np.ndarray, fuses_into: list[str],
+                    in_place_writes: list[tuple[int, int]]) -> None:
+        """Sets ``reads``, ``writes``, ``scatter_updates`` and ``scratch``: what crosses each kernel's boundary."""
+        program, ops, producer = self.program, self.program.ops, self.program.producer
+        kernels, kernel_of_op = self.kernels, self.kernel_of_op
         # Reads and writes at kernel boundaries.
         read_rows: dict[tuple[int, int], int] = {}
         write_rows: dict[tuple[int, int], int] = {}
@@ -466,9 +531,6 @@ class KernelPlan:
                         np.asarray([r[1] for r in scratch_rows], dtype=np.int64),
                         np.asarray([r[2] for r in scratch_rows], dtype=np.float64))
 
-        # Buffers and live ranges in kernel positions.
-        self.buffers, self.buffer_born, self.buffer_dies = self._live_ranges(
-            users, escapes, materialized_cheap, category)
 
     def _share_select_and_scatter_init(self, root: np.ndarray, users: list[list[int]], escapes: np.ndarray,
                                        materialized_cheap: np.ndarray) -> np.ndarray:
