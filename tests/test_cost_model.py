@@ -343,6 +343,12 @@ def test_cost_command_prints_the_breakdown_and_the_largest_buffers(tmp_path, cap
     assert [b["bytes"] for b in document["live_at_peak"]] == [65536, 65536, 32768, 8192, 4096]
     assert document["live_at_peak"][2]["value"] == "x"
     assert document["peak_bytes"] == 65536 * 2 + 32768 + 8192 + 4096
+    from toast.output.strategy_file import schema_problem
+
+    assert schema_problem(document, "cost") == ""  # toast/output/schemas/cost.schema.json
+    assert "'microbatches' is a required property" in schema_problem(
+        {k: v for k, v in document.items() if k != "microbatches"}, "cost")
+    assert "is not of type 'integer'" in schema_problem({**document, "peak_bytes": 1.5}, "cost")
 
 
 def test_cost_command_reports_communication_per_axis_and_level(tmp_path, capsys):

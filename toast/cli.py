@@ -530,7 +530,7 @@ def _cost(options: argparse.Namespace, analysis, hardware, mesh, strategy, roles
     from toast.cost.network import mesh_group_span
     from toast.output.files import Output, json_text, write_outputs
     from toast.output.report import human_bytes, human_seconds
-    from toast.output.strategy_file import cost_json, strategy_state
+    from toast.output.strategy_file import cost_document, strategy_state
     from toast.sharding.state import ShardingModel, spec_entries
     from toast.sharding.strategies import manual_strategy
 
@@ -581,15 +581,10 @@ def _cost(options: argparse.Namespace, analysis, hardware, mesh, strategy, roles
         print(f"  {human_bytes(buffer.bytes):>10}  {buffer.name} {buffer.dtype}[{shape}]{sharded}"
               f"{'  ' + buffer.loc if buffer.loc else ''}")
     if options.json:
-        document_out = {
-            "program": program.name, "source": options.input, "hardware": hardware.name,
-            "mesh": {"axes": [[axis, size] for axis, size in mesh.axes]},
-            "strategy": strategy or (options.strategy if document is not None else None),
-            "donate": list(donate), "overlap": not options.no_overlap, "microbatches": options.microbatches,
-            **cost_json(cost),
-            "live_at_peak": [{"value": b.name, "shape": list(b.shape), "dtype": b.dtype, "bytes": b.bytes,
-                              "loc": b.loc} for b in live],
-        }
+        document_out = cost_document(
+            cost, live, program=program.name, source=options.input, hardware=hardware.name, mesh_axes=mesh.axes,
+            strategy=strategy or (options.strategy if document is not None else None), donate=donate,
+            overlap=not options.no_overlap, microbatches=options.microbatches)
         write_outputs([Output("--json", Path(options.json), json_text(document_out))])
     return 0
 

@@ -93,6 +93,21 @@ def cost_json(cost: Any) -> dict[str, Any]:
     }
 
 
+def cost_document(cost: Any, live: Sequence[Any], *, program: str, source: str, hardware: str,
+                  mesh_axes: Sequence[tuple[str, int]], strategy: str | None, donate: Sequence[int], overlap: bool,
+                  microbatches: int) -> dict[str, Any]:
+    """``toast cost --json``'s document (``schemas/cost.schema.json``): what was priced, how, the cost
+    (``cost_json``'s keys) and the ``LiveBuffer``s at the peak."""
+    return {
+        "program": program, "source": source, "hardware": hardware,
+        "mesh": {"axes": [[axis, size] for axis, size in mesh_axes]},
+        "strategy": strategy, "donate": list(donate), "overlap": overlap, "microbatches": microbatches,
+        **cost_json(cost),
+        "live_at_peak": [{"value": b.name, "shape": list(b.shape), "dtype": b.dtype, "bytes": b.bytes, "loc": b.loc}
+                         for b in live],
+    }
+
+
 def _action_json(model: ShardingModel, action: Any) -> dict[str, Any]:
     if isinstance(action, Action):
         return {"color": action.color, "axis": action.axis, "resolution": list(action.resolution)}
@@ -121,8 +136,8 @@ SCHEMAS = Path(__file__).parent / "schemas"
 
 @functools.cache
 def schema(name: str) -> dict[str, Any]:
-    """A published JSON Schema: ``strategy`` (strategy files) or ``analysis`` (``toast analyze
-    --json``), from ``toast/output/schemas/<name>.schema.json``."""
+    """A published JSON Schema: ``strategy`` (strategy files), ``analysis`` (``toast analyze --json``) or
+    ``cost`` (``toast cost --json``), from ``toast/output/schemas/<name>.schema.json``."""
     return dict(json.loads((SCHEMAS / f"{name}.schema.json").read_text()))
 
 
