@@ -156,7 +156,27 @@ class CostModel:
         self.device_memory = float(device_memory if device_memory is not None else hardware.hbm_bytes)
         self.overlap = overlap
         self.communication = CommunicationModel(model)
-        mesh = model.mesh
+        self._init_collective_algorithms()
+        analysis = model.analysis
+        program = analysis.program
+        self.plan = KernelPlan(program, elementwise_ops=analysis.elementwise_ops)
+        self.donate = tuple(sorted(set(donate)))
+        for index in self.donate:
+            if not 0 <= index < len(program.arguments):
+                raise ToastError(f"donated argument {index}: the program has arguments 0..{len(program.arguments) - 1}")
+        self._init_kernel_pricing()
+        next_kernel = self._init_schedule()
+        self._init_readers()
+        self._init_memory_positions(next_kernel)
+        self._kernel_class_cache: tuple[NamePartition, tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                                                 int]]] | None = None
+        self._moves = np.asarray([span is not None and span.devices > 1 for span in self._mask_spans], dtype=bool)
+        self._init_microbatches()
+        self.initial = self._absolute(model.initial())
+
+    def _init_collective_algorithms(self) -> None:
+        """Per mesh axes mask: its span and, per collective kind, its algorithms' latency and seconds per byte."""
+        mesh, hardware = self.model.mesh, self.hardware
         # Every axes mask's span, and per (kind, mask) its algorithms as affine candidates (latency, seconds per
         # byte), padded with (inf, 0); masks of at most one device move nothing (one candidate of 0 s).
         self._mask_spans = [mesh_group_span(list(mesh.axes), mesh.mask_axes(mask), hardware)
@@ -177,14 +197,11 @@ class CostModel:
         self._levels_label = [span.levels(hardware) if span is not None and span.devices > 1 else ""
                               for span in self._mask_spans]
         self._axes_label = ["+".join(mesh.mask_axes(mask)) for mask in range(256)]
-        analysis = model.analysis
+
+    def _init_kernel_pricing(self) -> None:
+        """Per kernel: its repeats and launch overhead; the FLOP names, peaks and scatter rates it is priced by."""
+        analysis, hardware, plan = self.model.analysis, self.hardware, self.plan
         program = analysis.program
-        self.plan = plan = KernelPlan(program, elementwise_ops=analysis.elementwise_ops)
-        self.donate = tuple(sorted(set(donate)))
-        for index in self.donate:
-            if not 0 <= index < len(program.arguments):
-                raise ToastError(f"donated argument {index}: the program has arguments 0..{len(program.arguments) - 1}")
-        kernel_count = len(plan.kernels)
         self.repeats = np.asarray([k.repeats for k in plan.kernels], dtype=np.float64)
         is_library = np.asarray([k.kind in ("matmul", "library") for k in plan.kernels], dtype=bool)
         self.overhead = np.where(is_library, hardware.matmul_overhead, hardware.kernel_overhead)
@@ -215,6 +232,12 @@ class CostModel:
         self.scatter_rates = np.asarray(
             [hardware.scatter_rate(program.values[v].bits) for v in scatter_values.tolist()], dtype=np.float64)
         self.kernel_count = int(self.repeats.sum())
+
+    def _init_schedule(self) -> np.ndarray:
+        """The top-level items (kernels outside loops, whole top-level loops) and each op's item; returns
+        ``int64[ops]``, the index of the first kernel at or after each op."""
+        program, plan = self.model.analysis.program, self.plan
+        kernel_count = len(plan.kernels)
         # Top-level schedule: each kernel outside loops is an item; a top-level loop is one item.
         ops = program.ops
         top_of_kernel = np.empty(kernel_count, dtype=np.int64)
@@ -239,6 +262,12 @@ class CostModel:
                                    else -1, after)
         self.op_in_loop = np.asarray([plan.enclosing_loop(op.id) >= 0 for op in ops], dtype=bool)
         self.op_repeats = np.asarray([plan.repeats_in(plan.enclosing_loop(op.id)) for op in ops], dtype=np.float64)
+        return next_kernel
+
+    def _init_readers(self) -> None:
+        """Per buffer and per op: the item that first reads it, that needs what it reads, that makes it."""
+        program, plan = self.model.analysis.program, self.plan
+        ops, kernel_of_op, top_of_kernel = program.ops, plan.kernel_of_op, self.top_of_kernel
         # The item that first reads each buffer (partial results wait there for their all-reduce): the first
         # kernel that loads it (a transpose or reshape of a weight gradient has no kernel of its own: the kernel
         # reading through it is the reader), or a loop, branch or terminator that hands it on.
@@ -276,17 +305,17 @@ class CostModel:
         made_by = np.asarray(program.producer, dtype=np.int64)[root]
         self.ready_item = np.where(made_by >= 0, self.item_of_op[np.maximum(made_by, 0)], -1)
         self.first_reader_of_value = first_reader[root]
+
+    def _init_memory_positions(self, next_kernel: np.ndarray) -> None:
+        """Buffer lives and each op's position in the memory timeline (kernel index + 1; 0: the arguments)."""
+        plan = self.plan
+        kernel_of_op, kernel_count = plan.kernel_of_op, len(plan.kernels)
         # Peak memory: buffer positions shifted by one (arguments at -1).
         self.buffer_born = plan.buffer_born + 1
         self.buffer_dies = plan.buffer_dies + 2
         self._buffer_index = {int(v): i for i, v in enumerate(plan.buffers.tolist())}
         self.kernel_position_of_op = np.where(kernel_of_op >= 0, kernel_of_op,
                                               np.minimum(next_kernel, max(kernel_count - 1, 0)))
-        self._kernel_class_cache: tuple[NamePartition, tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray,
-                                                                                 int]]] | None = None
-        self._moves = np.asarray([span is not None and span.devices > 1 for span in self._mask_spans], dtype=bool)
-        self._init_microbatches()
-        self.initial = self._absolute(model.initial())
 
     def _init_microbatches(self) -> None:
         """What runs once per step however many micro-batches: the optimizer's kernels (those of the
