@@ -70,9 +70,9 @@ def _calibrate_arguments(parser: argparse.ArgumentParser) -> None:
                         "alltoall_perf (with their '#  Rank' header lines), on one node or several")
     kernels = parser.add_mutually_exclusive_group()
     kernels.add_argument("--kernels", action="store_true", help="run the kernel microbenchmarks on this machine's "
-               "accelerator (a few minutes) and measure the [kernels] numbers")
+                         "accelerator (a few minutes) and measure the [kernels] numbers")
     kernels.add_argument("--kernels-from", metavar="JSON", help="the [kernels] numbers from a microbenchmark run "
-               "saved before (benchmarks/gpu_microbench.py OUT.json)")
+                         "saved before (benchmarks/gpu_microbench.py OUT.json)")
     parser.add_argument("--base", default="h100", help="the profile to start from: its bandwidths, node "
                         "size and kernel numbers are kept (hardware/NAME.toml or a TOML path)")
     parser.add_argument("-o", "--output", required=True, metavar="FILE",
