@@ -8,6 +8,7 @@ from the search itself; the memory limits that make them the answer are worked o
 from __future__ import annotations
 
 import json
+import re
 
 import jax.numpy as jnp
 import numpy as np
@@ -576,3 +577,20 @@ def test_find_strategy_runs_any_search_that_keeps_the_contract():
     found = find_strategy(analysis, parse_mesh("batch=4,model=2"), A100, settings=settings,
                           roles=toast.roles_for_input(MLP), search=keep_initial)
     assert found.origin != "search" and found.result.cost.step_time_s < alone.result.cost.step_time_s
+
+
+@pytest.mark.parametrize("knobs, message", [
+    ({"rollouts": 0}, "a rollout budget of 0: give at least 1"),
+    ({"rollouts": None, "seconds": 0.0}, "a time budget of 0 s: give more than 0 seconds"),
+    ({"rollouts": None, "seconds": float("nan")}, "a time budget of nan s"),
+    ({"rollouts": None}, "no budget: give a number of rollouts, seconds, or a number of restarts"),
+    ({"lanes": 0}, "lanes and patience must be at least 1"),
+    ({"seed": -1}, "seed -1 and workers 0: give 0 or more"),
+    ({"phases": ()}, "no phase"),
+    ({"phases": (toast.Phase(goal="speed"),)}, "search phase goal 'speed': expected 'runtime' or 'memory'"),
+])
+def test_search_settings_check_their_knobs_when_made(knobs, message):
+    """One place checks the search's knobs: ``SearchSettings`` itself, for the API, the CLI and sweeps alike
+    (before, a zero budget reached the search and a NaN time budget passed)."""
+    with pytest.raises(ToastError, match=re.escape(message)):
+        SearchSettings(**knobs)

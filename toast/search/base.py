@@ -6,11 +6,13 @@ with a function of this type (``ARCHITECTURE.md``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from toast.cost.model import Cost, CostModel
+from toast.errors import ToastError
 from toast.search.actions import ActionSpace, SearchAction
 from toast.sharding.state import ShardingState
 
@@ -82,6 +84,29 @@ class SearchSettings:
     polish_swaps: bool = True
     polish_budget: int = 10
     phases: tuple[Phase, ...] = (Phase(),)
+
+    def __post_init__(self) -> None:
+        """The one check of the search's knobs (the command line's types only refuse what is not a number).
+
+        Raises:
+          ToastError: a budget of zero or none at all, fewer than one lane or a patience below 1, a negative
+            seed or worker count, no phase, or a phase goal other than runtime or memory.
+        """
+        if self.rollouts is not None and self.rollouts <= 0:
+            raise ToastError(f"a rollout budget of {self.rollouts}: give at least 1")
+        if self.seconds is not None and not (math.isfinite(self.seconds) and self.seconds > 0):
+            raise ToastError(f"a time budget of {self.seconds:g} s: give more than 0 seconds")
+        if self.rollouts is None and self.seconds is None and self.restarts is None:
+            raise ToastError("no budget: give a number of rollouts, seconds, or a number of restarts")
+        if self.lanes < 1 or self.patience < 1:
+            raise ToastError("lanes and patience must be at least 1")
+        if self.seed < 0 or self.workers < 0:
+            raise ToastError(f"seed {self.seed} and workers {self.workers}: give 0 or more")
+        if not self.phases:
+            raise ToastError("no phase: give at least one (the default is one over all axes, runtime)")
+        for phase in self.phases:
+            if phase.goal not in ("runtime", "memory"):
+                raise ToastError(f"search phase goal '{phase.goal}': expected 'runtime' or 'memory'")
 
     def to_json(self) -> dict[str, Any]:
         """The settings as JSON (for the strategy file's ``search`` section)."""
