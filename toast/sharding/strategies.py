@@ -155,14 +155,9 @@ def manual_strategy(model: ShardingModel, name: str, roles: Roles
                          f"({_some_arguments(analysis)})")
     first = _data_axis(model.mesh)
     planned: list[tuple[str, Action]] = [("batch", Action(c, first)) for c in role_colors(analysis, roles, "batch")]
-    if "megatron" in parts:  # check_strategy: two axes
-        second = _model_axis(model.mesh, MODEL_AXIS_NAMES, data_axis=first)
-        planned += [(role, Action(c, second)) for role in ("heads", "mlp") if roles.get(role)
-                    for c in role_colors(analysis, roles, role)]
-    if "sequence" in parts:
-        second = _model_axis(model.mesh, SEQUENCE_AXIS_NAMES, data_axis=first)
-        ones = (1,) * analysis.conflicts.resolution_bits
-        planned += [("sequence", Action(c, second, ones)) for c in role_colors(analysis, roles, "sequence")]
+    for part, colors_on_second_axis in _SECOND_AXIS.items():  # a composite: its parts' actions, in this order
+        if part in parts:
+            planned += colors_on_second_axis(model, roles, first)
     state = model.initial()
     roles_on: dict[str, list[str]] = {}  # mesh axis -> the roles placed on it so far
     for role, action in planned:
@@ -175,12 +170,27 @@ def manual_strategy(model: ShardingModel, name: str, roles: Roles
         state = following
         roles_on.setdefault(action.axis, []).append(role)
     actions: list[Action | ShardNodes] = [action for _, action in planned]
-    if "fsdp" in parts:
-        parameters = fsdp_actions(model, first, state=state)
-        for node_action in parameters:
-            state = apply_any(model, state, node_action)
-        actions += parameters
+    for part, stored in _STORED_ON_DATA_AXIS.items():  # after the color actions: on what they left whole
+        if part in parts:
+            parameters = stored(model, first, state=state)
+            for node_action in parameters:
+                state = apply_any(model, state, node_action)
+            actions += parameters
     return state, tuple(actions)
+
+
+def _megatron(model: ShardingModel, roles: Roles, data_axis: str) -> list[tuple[str, Action]]:
+    """The heads and MLP hidden colors along the model axis (Megatron-LM's tensor parallelism)."""
+    second = _model_axis(model.mesh, MODEL_AXIS_NAMES, data_axis=data_axis)
+    return [(role, Action(c, second)) for role in ("heads", "mlp") if roles.get(role)
+            for c in role_colors(model.analysis, roles, role)]
+
+
+def _sequence(model: ShardingModel, roles: Roles, data_axis: str) -> list[tuple[str, Action]]:
+    """The sequence color along the model (sequence) axis, resolution bits 1 (Figure 5b's sharding)."""
+    second = _model_axis(model.mesh, SEQUENCE_AXIS_NAMES, data_axis=data_axis)
+    ones = (1,) * model.analysis.conflicts.resolution_bits
+    return [("sequence", Action(c, second, ones)) for c in role_colors(model.analysis, roles, "sequence")]
 
 
 def apply_any(model: ShardingModel, state: ShardingState, action: Action | ShardNodes) -> ShardingState:
@@ -285,3 +295,10 @@ def fsdp_actions(model: ShardingModel, axis: str, *, state: ShardingState) -> li
         label = f"{value.name}:{dims[0]}" + (" and its update" if chain.returns else "")
         actions.append(ShardNodes(tuple(sorted(nodes)), axis, label))
     return actions
+
+
+# The strategies as tables, composites as compositions of their parts (``data_parallel`` is in each, first):
+# a part's (role, color action) pairs on the second mesh axis, in this order; then a part that stores every
+# parameter sharded along the data axis (``fsdp``), on what the color actions left whole.
+_SECOND_AXIS = {"megatron": _megatron, "sequence": _sequence}
+_STORED_ON_DATA_AXIS = {"fsdp": fsdp_actions}
