@@ -76,40 +76,83 @@ def build_conflicts(program: Program, names: DimensionNames, color_of: np.ndarra
                     m_edges: Sequence[tuple[int, int]], outputs: dict[str, list[tuple]],
                     *, layer_heuristic: bool = True) -> Conflicts:
     """Conflicts, compatibility sets and groups from the conflicts stage's ``outputs``."""
-    position = program.producer
+    conflicts, conflict_id = _conflict_edges(program, names, color_of, outputs)
+    color_conflicts = _color_conflicts(program, names, outputs)
+    graph = NodeGraph.of(color_of, node_of, m_edges, colors={c.color for c in conflicts},
+                         loops=Loops.of(program, names))
+    boxes, crossed = _boxes(names, outputs, conflict_id, graph)
+    sets, set_of, contradicting = _compatibility_sets(conflicts, boxes, crossed)
+    if layer_heuristic:
+        groups_of_sets = group_isomorphic(program, conflicts, sets, graph)
+    else:
+        groups_of_sets = [[s.id] for s in sets]
+    groups = tuple(ResolutionGroup(k, tuple(ids)) for k, ids in enumerate(groups_of_sets))
+    group_of = [0] * len(sets)
+    for group in groups:
+        for set_id in group.sets:
+            group_of[set_id] = group.id
+
+    invalid = tuple(("invalid_self_conflict", *row) for row in outputs["invalid_self_conflict"])
+    stats = {
+        "color_conflicts": len(color_conflicts),
+        "conflicts": len(conflicts),
+        "boxes": len(boxes),
+        "crossed_boxes": int(sum(crossed)),
+        "contradicting_boxes": contradicting,
+        "compatibility_sets": len(sets),
+        "resolution_bits": len(groups),
+    }
+    found_boxes = tuple(sorted({Box(first, second, bool(flipped), is_crossed)
+                                for (first, second, flipped, *_), is_crossed in zip(boxes, crossed, strict=True)},
+                               key=lambda b: (b.def_conflict, b.use_conflict, b.flipped)))
+    return Conflicts(color_conflicts, conflicts, tuple(sets), groups, found_boxes, tuple(set_of),
+                     tuple(group_of), invalid, stats)
+
+
+def _site_position(program: Program, site: ConflictSite) -> int:
+    """Where a site sits in program order: its value's producer (a definition) or its op (a use)."""
+    return program.producer[site.value] if site.kind == "def" else site.op
+
+
+def _conflict_edges(program: Program, names: DimensionNames, color_of: np.ndarray, outputs: dict[str, list[tuple]]
+                    ) -> tuple[tuple[Conflict, ...], dict[tuple[int, int], int]]:
+    """The conflict edges, each with every site it sits on, in program order; and each one's id by its nodes."""
     use_sites = names.use_sites
-
-    def site_position(site: ConflictSite) -> int:
-        return position[site.value] if site.kind == "def" else site.op
-
-    # Conflict edges, each with every site it sits on.
     sites_of: dict[tuple[int, int], list[ConflictSite]] = defaultdict(list)
     for node_a, node_b, value, dim_a, dim_b in outputs["conflict_def"]:
         sites_of[(node_a, node_b)].append(ConflictSite("def", value, -1, -1, (dim_a, dim_b)))
     for node_a, node_b, use, dim_a, dim_b in outputs["conflict_use"]:
         site = use_sites[use]
         sites_of[(node_a, node_b)].append(ConflictSite("use", site.value, site.op, site.operand, (dim_a, dim_b)))
-    order = sorted(sites_of, key=lambda nodes: (min(site_position(s) for s in sites_of[nodes]), nodes))
-    conflict_id = {nodes: k for k, nodes in enumerate(order)}
+    order = sorted(sites_of, key=lambda nodes: (min(_site_position(program, s) for s in sites_of[nodes]), nodes))
     conflicts = tuple(
         Conflict(k, int(color_of[nodes[0]]), nodes,
-                 tuple(sorted(sites_of[nodes], key=lambda s: (site_position(s), s.kind, s.operand, s.dims))))
+                 tuple(sorted(sites_of[nodes],
+                              key=lambda s: (_site_position(program, s), s.kind, s.operand, s.dims))))
         for k, nodes in enumerate(order)
     )
+    return conflicts, {nodes: k for k, nodes in enumerate(order)}
 
-    color_conflicts = tuple(sorted(
+
+def _color_conflicts(program: Program, names: DimensionNames, outputs: dict[str, list[tuple]]
+                     ) -> tuple[ColorConflict, ...]:
+    """The sites where two dims of one color meet, in program order."""
+    use_sites = names.use_sites
+    return tuple(sorted(
         [ColorConflict(color, ConflictSite("def", value, -1, -1, (a, b)))
          for value, a, b, color in outputs["color_conflict_def"]]
         + [ColorConflict(color, ConflictSite("use", use_sites[use].value, use_sites[use].op, use_sites[use].operand,
                                              (a, b)))
            for use, a, b, color in outputs["color_conflict_use"]],
-        key=lambda c: (site_position(c.site), c.site.kind, c.site.operand, c.site.dims),
+        key=lambda c: (_site_position(program, c.site), c.site.kind, c.site.operand, c.site.dims),
     ))
 
-    graph = NodeGraph.of(color_of, node_of, m_edges, colors={c.color for c in conflicts},
-                         loops=Loops.of(program, names))
-    # A box is a pair of conflicts with its four corners; it may sit on several tensors (one
-    # definition and use each), and it is crossed when a path crosses it on any of them.
+
+def _boxes(names: DimensionNames, outputs: dict[str, list[tuple]], conflict_id: dict[tuple[int, int], int],
+           graph: NodeGraph) -> tuple[list[tuple[int, ...]], list[bool]]:
+    """The boxes, sorted: ``(def conflict, use conflict, flipped, corners...)``, and whether a path crosses each.
+    A box is a pair of conflicts with its four corners; it may sit on several tensors (one definition and use
+    each), and it is crossed when a path crosses it on any of them."""
     instances: dict[tuple[int, ...], list[tuple[int, int, int, int, int, int]]] = defaultdict(list)
     for def_a, def_b, use_a, use_b, value, use in outputs["box"]:
         key = (conflict_id[(def_a, def_b)], conflict_id[(min(use_a, use_b), max(use_a, use_b))],
@@ -119,8 +162,14 @@ def build_conflicts(program: Program, names: DimensionNames, color_of: np.ndarra
     rows = [row for key in boxes for row in instances[key]]
     crossed_rows = iter(graph.crossed(rows, names))
     crossed = [any([next(crossed_rows) for _ in instances[key]]) for key in boxes]
+    return boxes, crossed
 
-    # Closure with orientation: parity[c] says whether c's endpoint 0 goes with its root's 0.
+
+def _compatibility_sets(conflicts: Sequence[Conflict], boxes: Sequence[tuple[int, ...]], crossed: Sequence[bool]
+                        ) -> tuple[list[CompatibilitySet], list[int], int]:
+    """The closure of the uncrossed boxes with orientation (a union-find whose parity says whether a conflict's
+    endpoint 0 goes with its root's 0): the compatibility sets, each conflict's set, and how many boxes
+    contradicted the orientation found before them."""
     parent = list(range(len(conflicts)))
     parity = [0] * len(conflicts)
 
@@ -164,29 +213,4 @@ def build_conflicts(program: Program, names: DimensionNames, color_of: np.ndarra
         sets.append(CompatibilitySet(set_id, tuple(ids), sharded_by_0))
         for c in ids:
             set_of[c] = set_id
-
-    if layer_heuristic:
-        groups_of_sets = group_isomorphic(program, conflicts, sets, graph)
-    else:
-        groups_of_sets = [[s.id] for s in sets]
-    groups = tuple(ResolutionGroup(k, tuple(ids)) for k, ids in enumerate(groups_of_sets))
-    group_of = [0] * len(sets)
-    for group in groups:
-        for set_id in group.sets:
-            group_of[set_id] = group.id
-
-    invalid = tuple(("invalid_self_conflict", *row) for row in outputs["invalid_self_conflict"])
-    stats = {
-        "color_conflicts": len(color_conflicts),
-        "conflicts": len(conflicts),
-        "boxes": len(boxes),
-        "crossed_boxes": int(sum(crossed)),
-        "contradicting_boxes": contradicting,
-        "compatibility_sets": len(sets),
-        "resolution_bits": len(groups),
-    }
-    found_boxes = tuple(sorted({Box(first, second, bool(flipped), is_crossed)
-                                for (first, second, flipped, *_), is_crossed in zip(boxes, crossed, strict=True)},
-                               key=lambda b: (b.def_conflict, b.use_conflict, b.flipped)))
-    return Conflicts(color_conflicts, conflicts, tuple(sets), groups, found_boxes, tuple(set_of),
-                     tuple(group_of), invalid, stats)
+    return sets, set_of, contradicting
