@@ -399,3 +399,25 @@ def test_cost_command_names_a_missing_profile_field(tmp_path, capsys):
     assert main(["cost", "toast.examples.mlp:mlp", "--engine", "embedded", "--hardware", str(profile)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "field 'kernels.kernel_overhead'" in err[0]
+
+
+def test_the_memory_timeline_peaks_where_the_cost_says():
+    """``memory_timeline`` (and ``live_at_peak``) find the reductions' combining groups themselves; ``evaluate``
+    takes them from the step time's. Both must give one peak, for every manual strategy of the GPT step (its
+    reductions over batch and model combine)."""
+    from conftest import analysis_of
+
+    from toast import COMPOSITES, STRATEGIES, InvalidState, manual_strategy, roles_for_input
+
+    spec = "toast.examples.gpt:gpt_small"
+    model = ShardingModel(analysis_of(spec), parse_mesh("batch=2,model=4"))
+    costs = CostModel(model, load_hardware("h100"))
+    checked = 0
+    for name in STRATEGIES + COMPOSITES:
+        try:
+            state, _ = manual_strategy(model, name, roles_for_input(spec))
+        except InvalidState:
+            continue  # megatron+sequence: both want the model axis on one dim
+        assert int(costs.memory_timeline(state).max()) == costs.evaluate(state).peak_bytes, name
+        checked += 1
+    assert checked >= 6

@@ -248,7 +248,7 @@ def _search_plan(options: argparse.Namespace) -> SearchPlan:
     """``toast autoshard``'s (and ``compare``'s) plan, checked before the analysis."""
     from toast.cost.hardware import load_hardware
     from toast.search.actions import parse_pins
-    from toast.search.mcts import Phase, SearchSettings
+    from toast.search.base import Phase, SearchSettings
     from toast.sharding.mesh import parse_mesh
 
     mesh = parse_mesh(options.mesh)

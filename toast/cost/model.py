@@ -496,15 +496,20 @@ class CostModel:
         # needed by its first reader.
         ready = np.where(is_use, self.ready_item[values], self.item_of_op[ops])
         consumer = np.where(is_use, self.consumer_item_of_op[ops], self.first_reader_of_value[values])
-        streams = [self._stream(item_time, kind[streamed], axes_mask[streamed], nbytes[streamed], ready, consumer)]
+        group = self._combine_groups(kind[streamed], axes_mask[streamed], nbytes[streamed], ready, consumer)
+        streams = [self._stream(item_time, kind[streamed], axes_mask[streamed], nbytes[streamed], ready, consumer,
+                                group)]
+        # The same groups for the memory of the reductions combined (each row its own group where none combine).
+        group_of_row = np.full(len(table), -1, dtype=np.int64)
+        group_of_row[np.flatnonzero(moving)[streamed]] = group if group is not None else np.arange(streamed.sum())
         runs = [1.0]
         if self.microbatches > 1:
             # The micro-batches before the last: no optimizer, no gradient reduction (gradients accumulate).
             accumulating = ~(self._gradient_value[values] & ~is_use)
             mb_time = np.where(self._update_items, 0.0, item_time)
-            streams.append(self._stream(mb_time, kind[streamed][accumulating], axes_mask[streamed][accumulating],
-                                        nbytes[streamed][accumulating], ready[accumulating],
-                                        consumer[accumulating]))
+            mb_rows = (kind[streamed][accumulating], axes_mask[streamed][accumulating],
+                       nbytes[streamed][accumulating], ready[accumulating], consumer[accumulating])
+            streams.append(self._stream(mb_time, *mb_rows, self._combine_groups(*mb_rows)))
             runs.append(float(self.microbatches - 1))
         step = compute_busy = self.hardware.step_overhead
         total_comm = 0.0
@@ -535,19 +540,20 @@ class CostModel:
             "exposed_communication_s": exposed + in_loops,
             "hidden_communication_s": max(0.0, total_comm - exposed) if total_comm - exposed > 1e-12 * step else 0.0,
         }
-        peak = self._peak_memory(table, value_bytes)
+        peak = self._peak_memory(table, value_bytes, group_of_row)
         listed = self.communication.to_list(table) if collectives else []
         launched = len(streams[0][2]) + int(in_loop.sum())
         return AbsoluteCost(step, compute_busy - in_loops, breakdown, communication, peak, listed, by_level,
                             exposed_by_axes, launched)
 
     def _stream(self, item_time: np.ndarray, kind: np.ndarray, axes_mask: np.ndarray, nbytes: np.ndarray,
-                ready: np.ndarray, consumer: np.ndarray,
+                ready: np.ndarray, consumer: np.ndarray, group: np.ndarray | None,
                 ) -> tuple[float, float, np.ndarray, np.ndarray, np.ndarray]:
         """One run of the items with the collectives on the communication stream after combining:
         ``(makespan, compute busy seconds, axes masks, durations, exposed seconds)`` (per combined collective;
-        the step overhead not included). Without overlap the collectives run on the compute stream."""
-        kind, masks, sizes, ready, consumer = self._combine(kind, axes_mask, nbytes, ready, consumer)
+        the step overhead not included). Without overlap the collectives run on the compute stream. ``group``:
+        the rows' ``_combine_groups``."""
+        kind, masks, sizes, ready, consumer = self._combine(kind, axes_mask, nbytes, ready, consumer, group)
         durations = self._durations(kind, masks, sizes)
         busy = float(item_time.sum())
         if not self.overlap:
@@ -579,12 +585,12 @@ class CostModel:
         return (latency + per_byte * nbytes[:, None]).min(axis=1)
 
     def _combine(self, kind: np.ndarray, axes_mask: np.ndarray, nbytes: np.ndarray, ready: np.ndarray,
-                 consumer: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """The collectives as XLA's combiners leave them (``_combine_groups``): a group is one collective of the
-        summed size, ready with its last member and due at its first consumer.
+                 consumer: np.ndarray, group: np.ndarray | None,
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The collectives as XLA's combiners leave them, ``group`` being their ``_combine_groups``: a group is one
+        collective of the summed size, ready with its last member and due at its first consumer.
 
         Returns ``(kind, axes_mask, nbytes, ready, consumer)`` of the collectives after combining."""
-        group = self._combine_groups(kind, axes_mask, nbytes, ready, consumer)
         if group is None:
             return kind, axes_mask, nbytes, ready, consumer
         count = int(group.max()) + 1
@@ -713,7 +719,8 @@ class CostModel:
             found.append(LiveBuffer(value.id, value.name, value.shape, value.dtype, int(sizes[index]), value.loc))
         return found
 
-    def _live_delta(self, sizes: np.ndarray, collectives: CollectiveTable) -> np.ndarray:
+    def _live_delta(self, sizes: np.ndarray, collectives: CollectiveTable,
+                    group_of_row: np.ndarray | None = None) -> np.ndarray:
         """Bytes allocated (+) and freed (-) at each position (kernel index + 1; 0 before the first): every
         buffer over its live range, every value resharded for its uses (gathered parameters, Figure 5b's
         k) as a second copy from its first such use to its last, and the results of reductions while they run
@@ -732,15 +739,17 @@ class CostModel:
                  - np.bincount(self.buffer_dies, weights=sizes, minlength=positions)
                  + np.bincount(self.kernel_position_of_op[used_by] + 1, weights=copy_bytes, minlength=positions)
                  - np.bincount(self.kernel_position_of_op[last_user] + 2, weights=copy_bytes, minlength=positions)
-                 + self._reduction_delta(collectives, positions))
+                 + self._reduction_delta(collectives, positions, group_of_row))
         return delta.astype(np.int64)
 
-    def _reduction_delta(self, collectives: CollectiveTable, positions: int) -> np.ndarray:
+    def _reduction_delta(self, collectives: CollectiveTable, positions: int,
+                         group_of_row: np.ndarray | None = None) -> np.ndarray:
         """``float64[positions]``: bytes allocated (+) and freed (-) by the reductions of partial results
         (all-reduce, reduce-scatter). XLA writes a reduction's result into a buffer of its own, so while it runs
         its input and its result are both live (a value keeps one buffer here, which the result then takes over);
         reductions a combiner joins (``_combine_groups``) run as one, after their last member's producer, with
-        all their results live at once. Each is counted during the kernel that makes its (last) input."""
+        all their results live at once. Each is counted during the kernel that makes its (last) input.
+        ``group_of_row``: each streamed row's combining group, as the step time found them (else found here)."""
         rows = self._moves[collectives.axes_mask] & (collectives.operand < 0) & (
             (collectives.kind == ALL_REDUCE) | (collectives.kind == REDUCE_SCATTER))
         if not rows.any():
@@ -749,10 +758,10 @@ class CostModel:
         position = self.kernel_position_of_op[op] + 1
         streamed = ~self.op_in_loop[op]  # a loop body's reductions run there, one at a time
         if streamed.sum() > 1:
-            group = self._combine_groups(collectives.kind[rows][streamed], collectives.axes_mask[rows][streamed],
-                                         collectives.bytes_in[rows][streamed].astype(np.float64),
-                                         self.item_of_op[op[streamed]],
-                                         self.first_reader_of_value[collectives.value[rows][streamed]])
+            group = group_of_row[np.flatnonzero(rows)[streamed]] if group_of_row is not None else self._combine_groups(
+                collectives.kind[rows][streamed], collectives.axes_mask[rows][streamed],
+                collectives.bytes_in[rows][streamed].astype(np.float64), self.item_of_op[op[streamed]],
+                self.first_reader_of_value[collectives.value[rows][streamed]])
             if group is not None:
                 last = np.zeros(int(group.max()) + 1, dtype=np.int64)
                 np.maximum.at(last, group, position[streamed])
@@ -777,17 +786,18 @@ class CostModel:
         value_bytes = self.communication.value_bytes(state)
         return self._timeline(self.communication.table(state, value_bytes), value_bytes)
 
-    def _timeline(self, collectives: CollectiveTable, value_bytes: np.ndarray,
-                  donated: Sequence[int] = ()) -> np.ndarray:
+    def _timeline(self, collectives: CollectiveTable, value_bytes: np.ndarray, donated: Sequence[int] = (),
+                  group_of_row: np.ndarray | None = None) -> np.ndarray:
         sizes = value_bytes[self.plan.buffers]
         if donated:
             sizes = sizes.copy()
             sizes[[self._buffer_index[v] for v in donated]] = 0
-        return np.cumsum(self._live_delta(sizes, collectives) + self._scratch_delta(value_bytes))
+        return np.cumsum(self._live_delta(sizes, collectives, group_of_row) + self._scratch_delta(value_bytes))
 
-    def _peak_memory(self, collectives: CollectiveTable, value_bytes: np.ndarray) -> int:
+    def _peak_memory(self, collectives: CollectiveTable, value_bytes: np.ndarray,
+                     group_of_row: np.ndarray | None = None) -> int:
         donated = self._donated_outputs(value_bytes) if self.donate else []
-        return int(self._timeline(collectives, value_bytes, donated).max())
+        return int(self._timeline(collectives, value_bytes, donated, group_of_row).max())
 
     def _donated_outputs(self, value_bytes: np.ndarray) -> list[int]:
         """The outputs (buffer roots) written into a donated argument's buffer, which so take no memory of their

@@ -195,7 +195,7 @@ def run_job(job: Job) -> dict[str, Any]:
     from toast.evaluation.compare import compare, comparison_json
     from toast.evaluation.report import report_section
     from toast.examples import EXAMPLES
-    from toast.search.mcts import SearchSettings
+    from toast.search.base import SearchSettings
     from toast.sharding.mesh import parse_mesh
     from toast.sharding.roles import roles_for_input
 
