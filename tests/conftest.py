@@ -84,6 +84,21 @@ sources = ["round numbers: nothing combined unless a test says so"]
 per kernel and per library call, 10 us per step, no combining."""
 
 
+# One NVLink-like level of 8 devices, 100 GB/s, 1 us: the interconnect of the one-level test profiles.
+ONE_LEVEL = """\
+[[interconnect]]
+level = "nvlink"
+devices = 8
+bandwidth = 1e11
+latency = 1e-6
+efficiency = 1.0
+small_latency = 1e-6
+small_efficiency = 1.0
+switch_reduction = false
+sources = ["round numbers"]
+"""
+
+
 def round_numbers_profile(name: str, levels: str) -> str:
     """A profile's text: ``name``, ``ROUND_NUMBERS`` and the ``[[interconnect]]`` tables ``levels``."""
     return f'name = "{name}"\ndescription = "round numbers for hand-computed tests"\n{ROUND_NUMBERS}{levels}'

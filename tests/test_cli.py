@@ -25,10 +25,10 @@ def test_analyze_writes_the_json_contract(tmp_path, capsys):
     out = tmp_path / "mlp.json"
     code, stdout, _ = _run(["analyze", MLP, "--engine", "embedded", "--json", str(out)], capsys)
     assert code == 0
-    assert "4 colors" in stdout and "unruled ops: none" in stdout
+    assert "4 colors" in stdout and "unruled ops: none" in stdout and "unpriced ops: none" in stdout
     document = json.loads(out.read_text())
-    assert set(document) == {"colors", "unruled_ops", "color_conflicts", "conflicts", "compatibility_sets",
-                             "resolution_groups", "pins", "stats"}
+    assert set(document) == {"colors", "unruled_ops", "unpriced_ops", "color_conflicts", "conflicts",
+                             "compatibility_sets", "resolution_groups", "pins", "stats"}
     assert len(document["colors"]) == 4
     color = document["colors"][0]
     assert set(color) == {"id", "size", "dims"}
@@ -38,7 +38,7 @@ def test_analyze_writes_the_json_contract(tmp_path, capsys):
     assert any(d["value"] == "result" and d["dim"] == 0 for d in x0[0]["dims"])
     # Sizes count definitions and uses: more names than listed definition dims.
     assert x0[0]["size"] > len(x0[0]["dims"])
-    assert document["unruled_ops"] == []
+    assert document["unruled_ops"] == [] and document["unpriced_ops"] == []
 
 
 def test_explain_mlp_batch_chain(capsys):

@@ -16,7 +16,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import pytest
-from conftest import round_numbers_profile
+from conftest import ONE_LEVEL, round_numbers_profile
 
 from toast import CostModel, ShardingModel, analyze, parse_mesh
 from toast.cost.calibration import read_published, with_level
@@ -28,17 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PUBLISHED = ROOT.parent / "shared" / "reference" / "published" / "published.json"
 GIB = 1 << 30
 
-TWO_LEVEL = round_numbers_profile("two_level", """\
-[[interconnect]]
-level = "nvlink"
-devices = 8
-bandwidth = 100e9
-latency = 1e-6
-efficiency = 1.0
-small_latency = 1e-6
-small_efficiency = 1.0
-switch_reduction = false
-sources = ["round numbers"]
+TWO_LEVEL = round_numbers_profile("two_level", ONE_LEVEL + """\
 [[interconnect]]
 level = "network"
 devices = 1024

@@ -13,24 +13,13 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import pytest
-from conftest import round_numbers_profile
+from conftest import ONE_LEVEL, round_numbers_profile
 
 from toast import Action, CostModel, ShardingModel, ToastError, analyze, parse_mesh
 from toast.cost.hardware import load_hardware
 from toast.cost.kernels import KernelPlan, kernel_counts
 
-UNIT = round_numbers_profile("unit", """\
-[[interconnect]]
-level = "nvlink"
-devices = 8
-bandwidth = 1e11
-latency = 1e-6
-efficiency = 1.0
-small_latency = 1e-6
-small_efficiency = 1.0
-switch_reduction = false
-sources = ["round numbers"]
-""")
+UNIT = round_numbers_profile("unit", ONE_LEVEL)
 STEP = 1e-5
 KERNEL = 1e-6
 
@@ -268,7 +257,7 @@ def test_loop_bodies_run_once_per_iteration(unit):
         return jax.lax.fori_loop(0, 10, lambda i, v: jnp.tanh(v) * 2.0, x)
 
     model = _model(fn, [(1024, 1024)])
-    plan = KernelPlan(model.analysis.program, elementwise_ops=model.analysis.elementwise_ops)
+    plan = KernelPlan(model.analysis.program, semantics=model.analysis.kernel_semantics)
     (loop,) = plan.loops.values()
     assert (loop.trip_count, loop.trip_count_known) == (10, True)
     body = [k for k in plan.kernels if k.loop == loop.op]

@@ -2,16 +2,16 @@
 
 Kernel bytes are the HBM bytes every kernel moves at its boundary (``CostModel.kernel_work``), summed over
 the kernels times their repeats, for the unsharded program on one device. The depth tests build the
-``KernelPlan`` straight from the lowered program, with the elementwise ops read from the rules' table
-(``rules/ops/elementwise.dl``): analyzing a 24-layer step takes longer than this file may. One test checks
+``KernelPlan`` straight from the lowered program, with the rules' kernel tables read off the analysis of a
+small program (they are by op kind): analyzing a 24-layer step takes longer than this file may. One test checks
 that these bytes are the cost model's. Expected numbers are worked out by hand in the docstrings.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import math
-import re
 from pathlib import Path
 
 import jax
@@ -20,22 +20,25 @@ import numpy as np
 import pytest
 
 from toast import CostModel, ShardingModel, analyze, parse_mesh
+from toast.analysis.kernel_semantics import KernelSemantics
 from toast.cost.collectives import storage_bits
 from toast.cost.hardware import load_hardware
 from toast.cost.kernels import KernelPlan
 from toast.examples.gpt import gpt_train_step
 from toast.frontend.ir import Program
 from toast.frontend.stablehlo import read_callable
-from toast.resources import resource_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 MEGATRON = ROOT.parent / "shared" / "reference" / "published" / "megatron_gpt.py"
-ELEMENTWISE_KINDS = frozenset(re.findall(r'^elementwise_kind\("([^"]+)"\)\.',
-                                         (resource_dir("rules") / "ops" / "elementwise.dl").read_text(), re.M))
+
+
+@functools.cache
+def _semantics() -> KernelSemantics:
+    return analyze("toast.examples.mlp:mlp", engine="embedded").kernel_semantics
 
 
 def _plan(program: Program) -> KernelPlan:
-    return KernelPlan(program, elementwise_ops=frozenset(op.id for op in program.ops if op.kind in ELEMENTWISE_KINDS))
+    return KernelPlan(program, semantics=_semantics())
 
 
 def _value_bytes(program: Program) -> np.ndarray:

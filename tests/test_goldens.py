@@ -49,14 +49,14 @@ def test_goldens_cover_the_bundled_examples_and_every_output_relation():
 
 
 def test_goldens_are_canonical_and_hold_no_invariant_violations():
-    """Sorted typed rows, rule files relative to the project, empty ``invalid_*`` relations."""
+    """Sorted typed rows, rule files relative to the project, an empty ``invalid`` relation."""
     for example in goldens.EXAMPLES:
         for stage in goldens.KEPT_OUTPUTS:
             for relation in STAGES[stage].outputs:
                 text = (goldens.GOLDEN_DIR / example / stage / f"{relation.name}.csv").read_text()
                 rows = text.splitlines()
                 assert goldens.golden_text(goldens.canonical_rows(relation, rows)) == text, (example, relation.name)
-                if relation.name.startswith("invalid_"):
+                if relation.name == "invalid":
                     assert rows == [], (example, relation.name)
     ident = (goldens.GOLDEN_DIR / "mlp" / "nda" / "ident.csv").read_text().splitlines()
     assert ident and all(row.split("\t")[3].startswith("rules/ops/") for row in ident)

@@ -57,9 +57,9 @@ def test_user_conflict_rules_go_to_the_conflicts_stage(tmp_path):
     rules = tmp_path / "rules"
     (rules / "conflicts").mkdir(parents=True)
     (rules / "conflicts" / "mine.dl").write_text(
-        'invalid_self_conflict("mine", V, A, B) :- conflict_def(_, _, V, A, B).\n')
+        'invalid("mine", __FILE__, __LINE__, cat("value ", to_string(V))) :- conflict_def(_, _, V, _, _).\n')
     analysis = analyze("toast.examples.attention:attention", engine="embedded", rules=rules)
-    assert {row[1] for row in analysis.invalid} == {"mine"}
+    assert {(i.check, i.line) for i in analysis.invalid} == {("mine", 1)}
     assert len(analysis.invalid) == 3  # the conflicts on the definitions of a, c and d
 
 

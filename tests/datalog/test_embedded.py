@@ -324,3 +324,20 @@ def test_only_relations_the_outputs_depend_on_are_evaluated() -> None:
     text = (GRAPH + ".decl ok(x: number)\n.decl bad(x: number)\n.output ok, bad\nok(X) :- edge(X, _).\n"
             "bad(X / 0) :- ok(X).\n")
     assert run(text, {"edge": [(1, 2)]}, outputs=["ok"]) == {"ok": [(1,)]}
+
+
+def test_cat_and_to_string_build_symbols_as_souffle_does() -> None:
+    """Soufflé 2.5 prints these rows for this program (checked by hand)."""
+    text = """
+    .decl op(o: number, k: symbol)
+    .input op
+    .decl d(s: symbol)
+    .output d
+    d(cat("op ", to_string(O), ": ", K)) :- op(O, K).
+    d(S) :- op(O, _), S = cat(to_string(O + 1), "!").
+    d(cat(K)) :- op(_, K).
+    d(cat(to_string(K), "?")) :- op(_, K).
+    """
+    result = run(text, {"op": [(1, "add"), (22, "mul")]})
+    assert result["d"] == [("2!",), ("23!",), ("add",), ("add?",), ("mul",), ("mul?",), ("op 1: add",),
+                           ("op 22: mul",)]

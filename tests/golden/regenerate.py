@@ -52,7 +52,7 @@ def canonical_rows(relation: Relation, lines: Iterable[str]) -> list[str]:
         if len(fields) != relation.arity:
             raise ValueError(f"{relation.name}: row {line!r} has {len(fields)} columns, expected {relation.arity}")
         row: list[int | str] = []
-        for (column, kind), field in zip(relation.columns, fields, strict=True):
+        for (column, _), kind, field in zip(relation.columns, relation.bases, fields, strict=True):
             if kind in ("number", "unsigned"):
                 row.append(int(field))
             elif column == "File" and Path(field).is_absolute():
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{example}: matches ({rows['nda']} + {rows['conflicts']} rows)")
         elif analysis.invalid:
             failed += 1
-            print(f"{example}: NOT written: Soufflé derived {len(analysis.invalid)} rows of the invalid_* "
+            print(f"{example}: NOT written: Soufflé derived {len(analysis.invalid)} rows of the invalid "
                   f"invariants (first: {analysis.invalid[0]}); fix the rules first", file=sys.stderr)
         else:
             size = write_golden(example, outputs)

@@ -1,7 +1,8 @@
 """One suite over every op kind the bundled examples contain.
 
-Every kind must be ruled (or be one of the few documented as unruled), every ruled op that
-maps dims must contribute identities, and the invariants must hold.
+Every kind must be ruled (or be one of the few documented as unruled) and have a kernel class
+(no unpriced op), every ruled op that maps dims must contribute identities, and the invariants
+must hold.
 """
 
 from __future__ import annotations
@@ -41,10 +42,11 @@ def _all_kinds():
 
 
 @pytest.mark.parametrize("spec", SPECS + [pytest.param(spec, marks=pytest.mark.slow) for spec in sorted(FULL_SIZE)])
-def test_invariants_hold_and_only_known_kinds_are_unruled(spec):
+def test_invariants_hold_only_known_kinds_are_unruled_and_every_op_is_priced(spec):
     analysis = analysis_of(spec)
     assert analysis.invalid == ()
     assert {u.kind for u in analysis.unruled_ops} <= KNOWN_UNRULED
+    assert analysis.unpriced_ops == ()
 
 
 def test_every_op_kind_that_maps_dims_contributes_identities():

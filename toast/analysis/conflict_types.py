@@ -117,7 +117,7 @@ class Conflicts:
       boxes: the boxes found (crossed ones included); compatible ones joined the sets.
       set_of: ``set_of[conflict id]`` is its set id.
       group_of: ``group_of[set id]`` is its group id.
-      invalid: rows of the conflicts stage's ``invalid_*`` invariants (empty when sound).
+      invalid: rows of the conflicts stage's ``invalid`` output (empty when sound).
       stats: counts (boxes found, crossed, contradicting) for reports and benchmarks.
     """
 

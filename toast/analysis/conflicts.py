@@ -92,7 +92,7 @@ def build_conflicts(program: Program, names: DimensionNames, color_of: np.ndarra
         for set_id in group.sets:
             group_of[set_id] = group.id
 
-    invalid = tuple(("invalid_self_conflict", *row) for row in outputs["invalid_self_conflict"])
+    invalid = tuple(outputs["invalid"])
     stats = {
         "color_conflicts": len(color_conflicts),
         "conflicts": len(conflicts),

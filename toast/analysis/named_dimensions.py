@@ -19,6 +19,7 @@ import numpy as np
 
 from toast.analysis.classes import union_find
 from toast.analysis.conflicts import Conflicts, build_conflicts, conflict_facts
+from toast.analysis.kernel_semantics import KernelSemantics, kernel_semantics
 from toast.datalog.engine import EngineName, evaluate, pick_engine
 from toast.datalog.variants import assemble, load_variant
 from toast.errors import ToastError
@@ -64,11 +65,32 @@ class Color:
 
 @dataclass(frozen=True, slots=True)
 class UnruledOp:
-    """An op no rule covers: it contributed no identities."""
+    """An op a rule table misses: no identity rule (``Analysis.unruled_ops``: it contributed no identities)
+    or no kernel class (``Analysis.unpriced_ops``: priced as a library call by its bytes)."""
 
     op: str
     kind: str
     loc: str
+
+
+@dataclass(frozen=True, slots=True)
+class Invalid:
+    """A failed invariant: a row of the rules' ``invalid`` output (either stage).
+
+    Attributes:
+      check: the check's name (``ident_size``, ``self_conflict``, ...).
+      file, line: the rule at fault (for a check on identities, the rule that made the identity; else the
+        check's own rule); ``file`` relative to the project root where it lies inside it.
+      detail: what fails the check (ids and sizes).
+    """
+
+    check: str
+    file: str
+    line: int
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: {self.check}: {self.detail}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +156,7 @@ class Analysis:
       m_edges: the rows of M, ``(definition name, use name)``.
       major_factors: ``name -> factor size`` for names a reshape identifies by a major factor.
       conflicts: sharding conflicts, compatibility sets and resolution groups (sections 3.3-3.6).
-      invalid: rows of the ``invalid_*`` invariants of both stages (empty when the rules are sound).
+      invalid: the failed invariants of both stages (the rules' ``invalid``; empty when they are sound).
       stats: counts and seconds per phase.
       pins: shardings the program asks for on its values (``Pin``), in program order.
       summed_dims: ``(op, operand index, dim)`` of every operand dim an op sums over (contracting
@@ -144,6 +166,10 @@ class Analysis:
         product (rules' ``flop_name``: a contraction's result 0 dims and its loop dims' use names);
         an op without any such name (a dot of two scalars) is absent.
       elementwise_ops: ids of the ops of an elementwise kind (rules' ``elementwise_op``).
+      kernel_semantics: what one device runs each op kind as (the rules' ``kernel_class`` and mechanics
+        tables), read by the cost model's kernel plan.
+      unpriced_ops: ops no rule gives a kernel class (rules' ``unpriced_op``): priced as library calls by
+        their bytes.
     """
 
     program: Program
@@ -156,12 +182,20 @@ class Analysis:
     m_edges: tuple[tuple[int, int], ...]
     major_factors: dict[int, int]
     conflicts: Conflicts
-    invalid: tuple[tuple, ...]
+    invalid: tuple[Invalid, ...]
     stats: dict[str, Any]
     pins: tuple[Pin, ...] = ()
     summed_dims: frozenset[tuple[int, int, int]] = frozenset()
     flop_names: dict[int, tuple[int, ...]] = field(default_factory=dict)
     elementwise_ops: frozenset[int] = frozenset()
+    kernel_semantics: KernelSemantics = field(default_factory=KernelSemantics)
+    unpriced_ops: tuple[UnruledOp, ...] = ()
+
+    @property
+    def kernel_class(self) -> Mapping[str, str]:
+        """``op kind -> kernel class`` (the rules' ``kernel_class``; custom calls by target in
+        ``kernel_semantics.custom_call_class``)."""
+        return self.kernel_semantics.kernel_class
 
     def dim_name(self, value: str, dim: int) -> int:
         """The dimension name of ``value``'s definition dim ``dim`` (JSON naming)."""
@@ -300,7 +334,12 @@ def _build(program: Program, names: DimensionNames, outputs: dict[str, list[tupl
         UnruledOp(program.op_label(op_id), _kind_label(program, op_id, kind), program.ops[op_id].loc)
         for op_id, kind in outputs["unruled_op"]
     )
-    invalid = tuple(("invalid_ident_size", *row) for row in outputs["invalid_ident_size"]) + conflicts.invalid
+    unpriced = tuple(
+        UnruledOp(program.op_label(op_id), _kind_label(program, op_id, kind), program.ops[op_id].loc)
+        for op_id, kind in outputs["unpriced_op"]
+    )
+    invalid = tuple(Invalid(str(check), display_rule_file(str(file)), int(line), str(detail))
+                    for check, file, line, detail in (*outputs["invalid"], *conflicts.invalid))
     stats = {
         "ops": len(program.ops),
         "values": len(program.values),
@@ -311,6 +350,7 @@ def _build(program: Program, names: DimensionNames, outputs: dict[str, list[tupl
         "identities": len(identities),
         "m_edges": len(classes.m_edges),
         "unruled_ops": len(unruled),
+        "unpriced_ops": len(unpriced),
         **conflicts.stats,
         **run_stats,
     }
@@ -331,6 +371,8 @@ def _build(program: Program, names: DimensionNames, outputs: dict[str, list[tupl
         summed_dims=frozenset((int(op), int(index), int(dim)) for op, index, dim in outputs["summed_dim"]),
         flop_names=_flop_names(outputs["flop_name"]),
         elementwise_ops=frozenset(int(op) for (op,) in outputs["elementwise_op"]),
+        kernel_semantics=kernel_semantics(outputs),
+        unpriced_ops=unpriced,
     )
 
 

@@ -42,46 +42,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from toast.analysis.kernel_semantics import UNPRICED_CLASS, KernelSemantics
 from toast.frontend.ir import TERMINATORS, Program
 
-# Ops whose results are views of their first operand (no kernel, no new buffer).
-VIEW_OPS = frozenset({
-    "stablehlo.reshape", "stablehlo.get_tuple_element", "stablehlo.tuple", "stablehlo.optimization_barrier",
-    "stablehlo.bitcast_convert", "sdy.sharding_constraint", "sdy.reshard", "sdy.sharding_group",
-    "sdy.propagation_barrier", "mhlo.sharding", "stablehlo.after_all",
-})
-# Custom calls that are annotations, not work.
-VIEW_CUSTOM_CALLS = frozenset({"Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape", "MoveToHost",
-                               "MoveToDevice", "annotate_device_placement", "LayoutConstraint"})
-# Region-holding ops whose regions run inline (calls and sdy computations): transparent for fusion.
-INLINE_OPS = frozenset({"func.call", "sdy.named_computation", "sdy.manual_computation"})
-LOOP_OPS = frozenset({"stablehlo.while"})
-BRANCH_OPS = frozenset({"stablehlo.if", "stablehlo.case"})
-# Library calls: a kernel each (matmuls priced by FLOPs, others by bytes).
-MATMUL_OPS = frozenset({"stablehlo.dot_general", "stablehlo.dot", "stablehlo.convolution"})
-LIBRARY_OPS = MATMUL_OPS | frozenset({
-    "stablehlo.custom_call", "stablehlo.sort", "stablehlo.fft", "stablehlo.triangular_solve",
-    "stablehlo.cholesky", "stablehlo.rng_bit_generator", "stablehlo.rng", "stablehlo.all_reduce",
-    "stablehlo.all_gather", "stablehlo.reduce_scatter", "stablehlo.all_to_all", "stablehlo.collective_permute",
-    "stablehlo.collective_broadcast", "stablehlo.infeed", "stablehlo.outfeed", "stablehlo.send", "stablehlo.recv",
-})
-REDUCTION_OPS = frozenset({"stablehlo.reduce", "stablehlo.reduce_window", "stablehlo.select_and_scatter"})
-SCATTER_OPS = frozenset({"stablehlo.scatter"})
-# Recomputed by each consumer kernel instead of stored.
-CHEAP_OPS = frozenset({"stablehlo.broadcast_in_dim", "stablehlo.broadcast", "stablehlo.iota", "stablehlo.constant"})
-# Data movement XLA fuses like elementwise ops (loop fusion); the elementwise ops themselves are the rules'
-# table (``Analysis.elementwise_ops``, rules/ops/elementwise.dl). An op in neither, nor in a table above, is
-# a kernel of its own priced by its bytes.
-DATA_MOVEMENT_OPS = frozenset({
-    "stablehlo.transpose", "stablehlo.slice", "stablehlo.dynamic_slice", "stablehlo.dynamic_update_slice",
-    "stablehlo.concatenate", "stablehlo.pad", "stablehlo.reverse", "stablehlo.gather", "stablehlo.map",
-    "stablehlo.real_dynamic_slice", "stablehlo.dynamic_pad", "stablehlo.dynamic_gather",
-    "stablehlo.dynamic_broadcast_in_dim", "stablehlo.dynamic_iota", "stablehlo.dynamic_reshape",
-})
 # Bits per component of a select-and-scatter's selection (the selected value and its index per dimension).
 SELECTION_BITS = 32
-# Ops that read only what they return from operand 0.
-TOUCHING_OPS = frozenset({"stablehlo.gather", "stablehlo.slice", "stablehlo.dynamic_slice"})
 # A producer read by several kernels is duplicated into them only if its fusion has at most this many inputs and
 # outputs (XLA's GPU fusions: ``MaxOperandsAndOutputsPerFusion()`` in xla/service/gpu/gpu_fusible.h) and holds at
 # most this many ops (a bound of ours, which keeps building the plan linear in the program).
@@ -127,11 +92,12 @@ class KernelPlan:
 
     Args:
       program: the program.
-      elementwise_ops: the ids of its elementwise ops (``Analysis.elementwise_ops``, from the rules); they and
-        the data-movement ops fuse.
+      semantics: what each op kind runs as (``Analysis.kernel_semantics``: the rules' ``kernel_class`` and
+        mechanics tables); an op of no class runs as a library call.
 
     Attributes:
       program: the program.
+      op_class: per op id, its kernel class (``KERNEL_CLASSES``; ``"library"`` for an unpriced op).
       root: ``int64[values]``, the value whose buffer each value is (itself unless a view).
       kernels: every kernel, in launch order.
       kernel_of_op: ``int64[ops]``, the kernel running each op (``-1``: views, control, cheap producers
@@ -149,13 +115,15 @@ class KernelPlan:
         to its end.
     """
 
-    def __init__(self, program: Program, *, elementwise_ops: frozenset[int] = frozenset()):
+    def __init__(self, program: Program, *, semantics: KernelSemantics):
         self.program = program
+        self.semantics = semantics
         self.loops: dict[int, Loop] = {}
+        self.op_class = [semantics.class_of(op) or UNPRICED_CLASS for op in program.ops]
         # The passes, in order; each reads what the ones before made.
         root = self._view_roots()
         self._scopes_and_loops()
-        category = self._categories(elementwise_ops)
+        category = self._categories()
         users, escapes = self._users_and_escapes(root, category)
         materialized_cheap = self._materialized_cheap(category, escapes)
         root = self._share_select_and_scatter_init(root, users, escapes, materialized_cheap)
@@ -171,34 +139,34 @@ class KernelPlan:
 
     def _view_roots(self) -> np.ndarray:
         """``int64[values]``: the value whose buffer each value is (views, inlined calls, loops in place)."""
-        ops = self.program.ops
+        ops, op_class = self.program.ops, self.op_class
+        in_place_update = self.semantics.in_place_update
         value_count = len(self.program.values)
-        # Views: the buffer each value is.
+        # Views: the buffer each value is (result k of a view is its operand k, or its last operand).
         source = list(range(value_count))
         for op in ops:
-            kind = op.kind
-            if _is_view(op) and op.operands:
+            cls = op_class[op.id]
+            if cls == "view" and op.operands:
                 for k, value_id in enumerate(op.results):
-                    source[value_id] = op.operands[min(k, len(op.operands) - 1)] if kind in (
-                        "stablehlo.tuple", "stablehlo.optimization_barrier", "sdy.sharding_group") else op.operands[0]
-            elif kind in INLINE_OPS or kind in LOOP_OPS:
-                for args in op.regions[-1:] if kind in LOOP_OPS else op.regions[:1]:
+                    source[value_id] = op.operands[min(k, len(op.operands) - 1)]
+            elif cls in ("inline", "loop"):
+                for args in op.regions[-1:] if cls == "loop" else op.regions[:1]:
                     for value_id, operand in zip(args, op.operands, strict=False):
                         source[value_id] = operand
-                if kind in LOOP_OPS:
+                if cls == "loop":
                     for value_id, operand in zip(op.results, op.operands, strict=False):
                         source[value_id] = operand
                     if op.regions:
                         for value_id, operand in zip(op.regions[0], op.operands, strict=False):
                             source[value_id] = operand
-            elif kind == "stablehlo.dynamic_update_slice":
-                source[op.results[0]] = op.operands[0]  # in place
+            elif op.kind in in_place_update and op.results:
+                source[op.results[0]] = op.operands[in_place_update[op.kind][0]]  # in place
         returns: dict[tuple[int, int], int] = {}
         for op in ops:
             if op.kind in TERMINATORS and op.parent is not None:
                 returns[op.parent] = op.id
         for op in ops:
-            if op.kind in INLINE_OPS and (op.id, 0) in returns:
+            if op_class[op.id] == "inline" and (op.id, 0) in returns:
                 inner = ops[returns[(op.id, 0)]]
                 for value_id, returned in zip(op.results, inner.operands, strict=False):
                     source[value_id] = returned
@@ -215,31 +183,32 @@ class KernelPlan:
 
     def _scopes_and_loops(self) -> None:
         """Sets ``scope`` (per op) and ``loops``."""
-        program, ops = self.program, self.program.ops
+        program, ops, op_class = self.program, self.program.ops, self.op_class
         # Scheduling scope of each op: the innermost loop or branch op holding it (inline regions are
         # transparent), -1 at top level.
         scope = [-1] * len(ops)
         for op in ops:
             if op.parent is not None:
-                parent = ops[op.parent[0]]
-                scope[op.id] = parent.id if parent.kind in LOOP_OPS or parent.kind in BRANCH_OPS else scope[parent.id]
+                parent = op.parent[0]
+                scope[op.id] = parent if op_class[parent] in ("loop", "branch") else scope[parent]
         self.scope = scope
         for op in ops:
-            if op.kind in LOOP_OPS:
+            if op_class[op.id] == "loop":
                 trips = _trip_count(program, op)
                 self.loops[op.id] = Loop(op.id, trips or 1, trips is not None)
 
-    def _categories(self, elementwise_ops: frozenset[int]) -> list[str]:
-        """Each op's category: ``_category``'s, or ``computation`` inside a reduce's (scatter's, sort's) region."""
-        ops = self.program.ops
+    def _categories(self) -> list[str]:
+        """Each op's category: its kernel class (``view`` for an inline call too), or ``computation`` inside a
+        reduce's (scatter's, sort's) region."""
+        ops, op_class = self.program.ops, self.op_class
         # Ops in the computation region of a reduce, scatter, sort, ... are that op's scalar function, not
         # kernels of their own.
         category: list[str] = []
         for op in ops:
-            holder = ops[op.parent[0]].kind if op.parent is not None else ""
             in_computation = op.parent is not None and (
-                category[op.parent[0]] == "computation" or holder not in INLINE_OPS | LOOP_OPS | BRANCH_OPS)
-            category.append("computation" if in_computation else _category(op, op.id in elementwise_ops))
+                category[op.parent[0]] == "computation" or op_class[op.parent[0]] not in ("inline", "loop", "branch"))
+            cls = op_class[op.id]
+            category.append("computation" if in_computation else "view" if cls == "inline" else cls)
         return category
 
     def _users_and_escapes(self, root: np.ndarray, category: list[str]) -> tuple[list[list[int]], np.ndarray]:
@@ -249,10 +218,11 @@ class KernelPlan:
         # Users of each buffer (through views), by op: the real readers.
         users: list[list[int]] = [[] for _ in range(value_count)]
         escapes = np.zeros(value_count, dtype=bool)  # read by a terminator, a loop, a branch or a library call
+        op_class = self.op_class
         for op in ops:
-            if _is_view(op) or op.kind in INLINE_OPS or category[op.id] == "computation":
+            if op_class[op.id] in ("view", "inline") or category[op.id] == "computation":
                 continue
-            if op.kind in TERMINATORS and op.parent is not None and ops[op.parent[0]].kind in INLINE_OPS:
+            if op.kind in TERMINATORS and op.parent is not None and op_class[op.parent[0]] == "inline":
                 continue  # a call's results are views of what its body returns: their readers read it
             for value_id in op.operands:
                 r = int(root[value_id])
@@ -262,7 +232,7 @@ class KernelPlan:
         for op in ops:
             cat = category[op.id]
             if cat in ("terminator", "loop", "branch", "library", "matmul"):
-                if cat == "terminator" and op.parent is not None and ops[op.parent[0]].kind in INLINE_OPS:
+                if cat == "terminator" and op.parent is not None and op_class[op.parent[0]] == "inline":
                     continue  # a call's results are views of what its body returns
                 for value_id in op.operands:
                     escapes[root[value_id]] = True
@@ -300,10 +270,11 @@ class KernelPlan:
         # same bytes. Either way no reader re-adds all earlier layers, and kernel bytes are linear in depth.
         # Every other fusible op, reduction, scatter and library call roots a kernel.
         fuses_into = category.copy()
+        touched = self.semantics.touched_operand
         readers_of = [[u for value_id in op.results for u in users[int(root[value_id])]] for op in ops]
         candidate = np.zeros(len(ops), dtype=bool)  # may fuse into its readers (if duplicating pays)
         for op in ops:
-            if category[op.id] != "fusible" or op.kind == "stablehlo.dynamic_update_slice" or not op.results:
+            if category[op.id] != "fusible" or op.kind in self.semantics.in_place_update or not op.results:
                 continue
             readers = readers_of[op.id]
             candidate[op.id] = bool(readers) and not any(escapes[int(root[v])] for v in op.results) and all(
@@ -329,7 +300,7 @@ class KernelPlan:
                             visited.add(p)
                             stack.append(p)
                         continue
-                    weight = value_bytes[q.results[0]] if q.kind in TOUCHING_OPS and k == 0 else value_bytes[r]
+                    weight = value_bytes[q.results[0]] if (q.kind, k) in touched else value_bytes[r]
                     if weight > inputs.get(r, 0.0):
                         total += weight - inputs.get(r, 0.0)
                         inputs[r] = weight
@@ -347,8 +318,8 @@ class KernelPlan:
                 if len(landed) == 1 or duplication_pays(op.id, len(landed)):
                     fuses_into[op.id] = "recomputed"
                     landing[op.id] = landed
-            elif op.kind == "stablehlo.dynamic_slice" and category[op.id] == "fusible" and readers_of[op.id] and \
-                    not escapes[int(root[op.results[0]])] and all(
+            elif op.kind in self.semantics.library_reads_in_place and category[op.id] == "fusible" and \
+                    readers_of[op.id] and not escapes[int(root[op.results[0]])] and all(
                     category[u] in ("fusible", "reduction", "scatter", "matmul", "library") and scope[u] == scope[op.id]
                     for u in readers_of[op.id]):
                 fuses_into[op.id] = "recomputed"  # every reader reads the slice where it lies
@@ -357,16 +328,16 @@ class KernelPlan:
 
     def _in_place_writes(self, root: np.ndarray, category: list[str], users: list[list[int]],
                          materialized_cheap: np.ndarray, fuses_into: list[str]) -> list[tuple[int, int]]:
-        """``(producer op, dynamic_update_slice op)`` pairs; marks those updates ``in_place`` in ``fuses_into``."""
+        """``(producer op, update op)`` pairs; marks those updates ``in_place`` in ``fuses_into``."""
         ops, producer = self.program.ops, self.program.producer
-        scope = self.scope
-        # A dynamic_update_slice of a value another kernel makes: that kernel also writes the update into the
-        # slice in place (XLA's dynamic-slice fusion for library calls, multi-output fusion for the others),
-        # no kernel of its own.
-        in_place_writes: list[tuple[int, int]] = []  # (producer op, dynamic_update_slice op)
+        scope, in_place_update = self.scope, self.semantics.in_place_update
+        # An update in place (dynamic_update_slice) of a value another kernel makes: that kernel also writes
+        # the update into the slice in place (XLA's dynamic-slice fusion for library calls, multi-output fusion
+        # for the others), no kernel of its own.
+        in_place_writes: list[tuple[int, int]] = []  # (producer op, update op)
         for op in ops:
-            if op.kind == "stablehlo.dynamic_update_slice" and len(op.operands) > 1:
-                update = int(root[op.operands[1]])
+            if op.kind in in_place_update and len(op.operands) > max(in_place_update[op.kind]):
+                update = int(root[op.operands[in_place_update[op.kind][1]]])
                 p = producer[update]
                 while p >= 0 and category[p] == "cheap" and not materialized_cheap[p] and len(ops[p].operands) == 1 \
                         and len(users[update]) == 1:  # a broadcast adding the slice's unit dims: look through
@@ -411,7 +382,7 @@ class KernelPlan:
         group_results: dict[int, set[int]] = {}
         buckets: dict[tuple, list[int]] = {}
         for op in ops:
-            if category[op.id] != "reduction" or op.kind != "stablehlo.reduce" or not op.operands:
+            if category[op.id] != "reduction" or op.kind not in self.semantics.multi_output_fusible or not op.operands:
                 continue
             mine = set(inputs_of(op.id))
             made = {int(root[v]) for v in op.results}
@@ -469,6 +440,8 @@ class KernelPlan:
         """Sets ``reads``, ``writes``, ``scatter_updates`` and ``scratch``: what crosses each kernel's boundary."""
         program, ops, producer = self.program, self.program.ops, self.program.producer
         kernels, kernel_of_op = self.kernels, self.kernel_of_op
+        touched, in_place_update = self.semantics.touched_operand, self.semantics.in_place_update
+        window_selection = self.semantics.window_selection
         # Reads and writes at kernel boundaries.
         read_rows: dict[tuple[int, int], int] = {}
         write_rows: dict[tuple[int, int], int] = {}
@@ -484,8 +457,8 @@ class KernelPlan:
                     return
                 seen.add(p)
                 for k, operand in enumerate(ops[p].operands):
-                    touched = ops[p].kind in TOUCHING_OPS and k == 0
-                    read(kernel, operand, ops[p].results[0] if touched else operand, seen)
+                    sliced = (ops[p].kind, k) in touched
+                    read(kernel, operand, ops[p].results[0] if sliced else operand, seen)
                 return
             if p >= 0 and kernel_of_op[p] == kernel and r in ops[p].results:
                 return  # made inside the kernel
@@ -498,23 +471,24 @@ class KernelPlan:
             seen: set[int] = set()
             for op_id in kernel.ops:
                 op = ops[op_id]
+                target, update = in_place_update.get(op.kind, (-1, -1))
                 for k, value_id in enumerate(op.operands):
-                    if op.kind == "stablehlo.dynamic_update_slice" and k == 0:
+                    if k == target:
                         continue  # updated in place: not read
-                    weight = op.results[0] if op.kind in TOUCHING_OPS and k == 0 else value_id
+                    weight = op.results[0] if (op.kind, k) in touched else value_id
                     read(index, value_id, weight, seen)
-                if op.kind == "stablehlo.dynamic_update_slice":
-                    write_rows[(index, int(root[op.results[0]]))] = op.operands[1]
+                if target >= 0:
+                    write_rows[(index, int(root[op.results[0]]))] = op.operands[update]
                     continue
                 for value_id in op.results:
                     outside = escapes[value_id] or any(kernel_of_op[u] != index for u in users[value_id])
                     if outside:
                         write_rows.setdefault((index, value_id), value_id)
-                if op.kind in SCATTER_OPS:
+                if self.op_class[op_id] == "scatter":
                     inputs = (len(op.operands) - 1) // 2
                     scatter_rows.extend((index, u) for u in op.operands[inputs + 1:])
-                elif op.kind == "stablehlo.select_and_scatter" and len(op.operands) > 1:
-                    gradient = op.operands[1]  # one element per window, scattered into the result
+                elif op.kind in window_selection and len(op.operands) > window_selection[op.kind][0]:
+                    gradient = op.operands[window_selection[op.kind][0]]  # one element per window, scattered
                     scatter_rows.append((index, gradient))
                     rank = len(program.values[op.operands[0]].shape)
                     bits = max(program.values[gradient].bits, 1)
@@ -522,7 +496,8 @@ class KernelPlan:
         for maker, update_op in in_place_writes:
             writer = int(kernel_of_op[maker])
             if writer >= 0:
-                write_rows[(writer, int(root[ops[update_op].results[0]]))] = ops[update_op].operands[1]
+                update = in_place_update[ops[update_op].kind][1]
+                write_rows[(writer, int(root[ops[update_op].results[0]]))] = ops[update_op].operands[update]
         self.reads = _rows(read_rows)
         self.writes = _rows(write_rows)
         scatter = np.asarray(scatter_rows, dtype=np.int64).reshape(-1, 2)
@@ -541,16 +516,18 @@ class KernelPlan:
         kernel of its own, and its readers read it instead of recomputing it. Returns ``root`` with the equal
         broadcasts made views of the first; updates ``users``, ``escapes`` and ``materialized_cheap`` in
         place."""
-        program, ops = self.program, self.program.ops
-        splat_of = {}  # value id -> splat text, for constants
+        program, ops, op_class = self.program, self.program.ops, self.op_class
+        window_selection = self.semantics.window_selection
+        splat_of = {}  # value id -> splat text, for constants (cheap ops of no operand)
         for op in ops:
-            splat = op.attr("splat") if op.kind == "stablehlo.constant" else None
+            splat = op.attr("splat") if op_class[op.id] == "cheap" and not op.operands and op.results else None
             if splat is not None:
                 splat_of[op.results[0]] = splat
         wanted = set()  # (scope, splat, shape, dtype) of select-and-scatter targets
         for op in ops:
-            if op.kind == "stablehlo.select_and_scatter" and len(op.operands) > 2 and op.results:
-                splat = splat_of.get(int(root[op.operands[2]]))
+            init = window_selection[op.kind][1] if op.kind in window_selection else -1
+            if 0 <= init < len(op.operands) and op.results:
+                splat = splat_of.get(int(root[op.operands[init]]))
                 result = program.values[op.results[0]]
                 if splat is not None:
                     wanted.add((self.scope[op.id], splat, result.shape, result.dtype))
@@ -559,7 +536,7 @@ class KernelPlan:
         first: dict[tuple, int] = {}  # key -> the first equal broadcast's result
         remap = np.arange(len(root), dtype=np.int64)
         for op in ops:
-            if op.kind not in ("stablehlo.broadcast_in_dim", "stablehlo.broadcast") or not op.operands:
+            if op_class[op.id] != "cheap" or not op.operands:  # a broadcast
                 continue
             result = program.values[op.results[0]]
             key = (self.scope[op.id], splat_of.get(int(root[op.operands[0]])), result.shape, result.dtype)
@@ -665,37 +642,6 @@ def _rows(rows: dict[tuple[int, int], int]) -> tuple[np.ndarray, np.ndarray, np.
     value = np.asarray([v for (_, v), _ in ordered], dtype=np.int64)
     weight = np.asarray([w for _, w in ordered], dtype=np.int64)
     return kernel, value, weight
-
-
-def _is_view(op) -> bool:
-    if op.kind in VIEW_OPS:
-        return True
-    return op.kind == "stablehlo.custom_call" and op.attr("call_target_name", "") in VIEW_CUSTOM_CALLS
-
-
-def _category(op, elementwise: bool) -> str:
-    kind = op.kind
-    if kind in TERMINATORS:
-        return "terminator"
-    if _is_view(op) or kind in INLINE_OPS:
-        return "view"
-    if kind in LOOP_OPS:
-        return "loop"
-    if kind in BRANCH_OPS:
-        return "branch"
-    if kind in MATMUL_OPS:
-        return "matmul"
-    if kind in LIBRARY_OPS:
-        return "library"
-    if kind in REDUCTION_OPS:
-        return "reduction"
-    if kind in SCATTER_OPS:
-        return "scatter"
-    if kind in CHEAP_OPS:
-        return "cheap"
-    if elementwise or kind in DATA_MOVEMENT_OPS:
-        return "fusible"
-    return "library"
 
 
 def _trip_count(program: Program, loop) -> int | None:

@@ -57,111 +57,135 @@ def _kernels(compiled_text: str) -> int:
     return count
 
 
+class _Cases:
+    """The microbenchmark cases run so far: each is compiled, timed and appended as a row."""
+
+    def __init__(self, *, quick: bool, progress: Callable[[str], None]) -> None:
+        self.key = jax.random.PRNGKey(0)
+        self.rows: list[dict] = []
+        self.quick = quick
+        self.scale = 8 if quick else 1
+        self.progress = progress
+
+    def case(self, name: str, fn, args, *, flops: float = 0.0, bytes_moved: float = 0.0, **extra) -> None:
+        jitted = jax.jit(fn)
+        compiled = jitted.lower(*args).compile()
+        seconds = _median_seconds(jitted, args, runs=5 if self.quick else 20)
+        row = {"name": name, "seconds": seconds, "flops": flops, "bytes": bytes_moved,
+               "kernels": _kernels(compiled.as_text() or ""), **extra}
+        self.rows.append(row)
+        rate = f"{flops / seconds / 1e12:8.1f} TFLOP/s" if flops else f"{bytes_moved / seconds / 1e9:8.1f} GB/s"
+        self.progress(f"{name:48s} {seconds * 1e3:9.4f} ms {rate} kernels={row['kernels']}")
+
+    def rand(self, shape, dtype, k=1):
+        return jax.random.normal(jax.random.fold_in(self.key, k), shape, dtype=jnp.float32).astype(dtype)
+
+
 def measure_kernels(*, quick: bool = False, progress: Callable[[str], None] = print) -> dict:
     """Time the microbenchmarks on the local accelerator and return the document ``benchmarks/data/*_microbench.json``
     holds: the device, jax version, date, and one row per case (``seconds``, ``flops``, ``bytes``, ``kernels`` and
     what the case is). ``quick`` shrinks every size 8x (a smoke run). Each case: 3 warm-up runs, then the median of
     20 timed runs (``block_until_ready``), fresh random inputs."""
-    key = jax.random.PRNGKey(0)
-    rows: list[dict] = []
-
-    def case(name: str, fn, args, *, flops: float = 0.0, bytes_moved: float = 0.0, **extra) -> None:
-        jitted = jax.jit(fn)
-        compiled = jitted.lower(*args).compile()
-        seconds = _median_seconds(jitted, args, runs=5 if quick else 20)
-        row = {"name": name, "seconds": seconds, "flops": flops, "bytes": bytes_moved,
-               "kernels": _kernels(compiled.as_text() or ""), **extra}
-        rows.append(row)
-        rate = f"{flops / seconds / 1e12:8.1f} TFLOP/s" if flops else f"{bytes_moved / seconds / 1e9:8.1f} GB/s"
-        progress(f"{name:48s} {seconds * 1e3:9.4f} ms {rate} kernels={row['kernels']}")
-
-    def rand(shape, dtype, k=1):
-        return jax.random.normal(jax.random.fold_in(key, k), shape, dtype=jnp.float32).astype(dtype)
-
-    scale = 8 if quick else 1
-    # Matmuls: (M, K, N) and batched attention-shaped products.
-    shapes = [(8192, 8192, 8192), (4096, 4096, 4096), (8192, 768, 2304), (8192, 768, 3072), (8192, 3072, 768),
-              (8192, 768, 768), (2048, 768, 3072), (1024, 1024, 1024), (512, 512, 512), (256, 256, 256),
-              (128, 128, 128), (8192, 768, 50304), (2048, 2048, 8192)]
-    for dtype, precision, label in ((jnp.bfloat16, None, "bf16"), (jnp.float32, None, "f32_default"),
-                                    (jnp.float32, jax.lax.Precision.HIGHEST, "f32_highest")):
-        for m, k, n in shapes:
-            m, k, n = max(m // scale, 8), max(k // scale, 8), max(n // scale, 8)
-            a, b = rand((m, k), dtype, 1), rand((k, n), dtype, 2)
-            size = jnp.dtype(dtype).itemsize
-            case(f"matmul_{label}_{m}x{k}x{n}", lambda x, y, p=precision: jnp.dot(x, y, precision=p), (a, b),
-                 flops=2.0 * m * k * n, bytes_moved=float(size * (m * k + k * n + m * n)),
-                 kind="matmul", dtype=label, shape=[m, k, n])
-        for bh, s, d in ((96, 1024, 64), (128, 512, 128), (384, 128, 64)):
-            bh = max(bh // scale, 2)
-            q, kk = rand((bh, s, d), dtype, 3), rand((bh, s, d), dtype, 4)
-            size = jnp.dtype(dtype).itemsize
-            case(f"bmm_{label}_{bh}x{s}x{d}x{s}",
-                 lambda x, y, p=precision: jnp.einsum("bqd,bkd->bqk", x, y, precision=p), (q, kk),
-                 flops=2.0 * bh * s * s * d, bytes_moved=float(size * (2 * bh * s * d + bh * s * s)),
-                 kind="matmul", dtype=label, shape=[bh, s, d, s])
-    # Elementwise: y = x * 1.5 + 0.5 (one read, one write); sizes from L2-resident to HBM-sized.
-    for dtype, label in ((jnp.bfloat16, "bf16"), (jnp.float32, "f32")):
-        for exponent in (16, 20, 22, 24, 26, 28):
-            n = 2 ** max(exponent - (3 if quick else 0), 10)
-            x = rand((n,), dtype, 5)
-            size = jnp.dtype(dtype).itemsize
-            case(f"elementwise_{label}_2^{exponent}", lambda v: v * 1.5 + 0.5, (x,), bytes_moved=2.0 * n * size,
-                 kind="elementwise", dtype=label, elements=n)
-        for exponent in (20, 24, 26):
-            n = 2 ** max(exponent - (3 if quick else 0), 10)
-            x, y = rand((n,), dtype, 6), rand((n,), dtype, 7)
-            size = jnp.dtype(dtype).itemsize
-            case(f"elementwise3_{label}_2^{exponent}", lambda u, v: jnp.tanh(u) * v + u, (x, y),
-                 bytes_moved=3.0 * n * size, kind="elementwise", dtype=label, elements=n)
-    # Softmax over rows of attention scores (a reduction kernel and its elementwise neighbours).
-    for b, h, s in ((8, 12, 1024), (2, 12, 1024), (32, 12, 128)):
-        b = max(b // scale, 1)
-        x = rand((b, h, s, s), jnp.bfloat16, 8)
-        case(f"softmax_bf16_{b}x{h}x{s}x{s}", lambda v: jax.nn.softmax(v, axis=-1), (x,),
-             bytes_moved=2.0 * b * h * s * s * 2, kind="softmax", dtype="bf16", elements=b * h * s * s)
-    # Fixed cost per kernel: a chain of dependent tiny matmuls and elementwise ops, none fusable with the next.
-    for chain in (100, 400):
-        w = rand((64, 64), jnp.float32, 9)
-        x = rand((64, 64), jnp.float32, 10)
-
-        def tiny(v, m, steps=chain):
-            for _ in range(steps):
-                v = jnp.tanh(v @ m)
-            return v
-
-        case(f"tiny_chain_{chain}", tiny, (x, w), kind="launch", steps=chain)
-    # Gather and scatter-add of rows with random indices (the GNN's message passing).
-    nodes, edges = (100_000, 1_000_000) if not quick else (10_000, 100_000)
-    for dtype, label in ((jnp.bfloat16, "bf16"), (jnp.float32, "f32")):
-        for features in (128, 256):
-            size = jnp.dtype(dtype).itemsize
-            table = rand((nodes, features), dtype, 11)
-            ids = jax.random.randint(jax.random.fold_in(key, 12), (edges,), 0, nodes)
-            case(f"gather_{label}_{edges}x{features}", lambda t, i: t[i], (table, ids),
-                 bytes_moved=float(2 * edges * features * size + 4 * edges), kind="gather", dtype=label,
-                 rows=edges, features=features)
-            data = rand((edges, features), dtype, 13)
-            case(f"scatter_add_{label}_{edges}x{features}",
-                 lambda d, i: jax.ops.segment_sum(d, i, num_segments=nodes), (data, ids),
-                 bytes_moved=float(edges * features * size + 4 * edges + nodes * features * size),
-                 kind="scatter_add", dtype=label, rows=edges, features=features)
-            sorted_ids = jnp.sort(ids)
-            case(f"scatter_add_sorted_{label}_{edges}x{features}",
-                 lambda d, i: jax.ops.segment_sum(d, i, num_segments=nodes, indices_are_sorted=True),
-                 (data, sorted_ids), bytes_moved=float(edges * features * size + 4 * edges + nodes * features * size),
-                 kind="scatter_add_sorted", dtype=label, rows=edges, features=features)
+    cases = _Cases(quick=quick, progress=progress)
+    for measure in (_matmul_cases, _memory_cases, _launch_cases, _indexing_cases):
+        measure(cases)
     device = jax.devices()[0]
-    result = {
+    return {
         "device": getattr(device, "device_kind", str(device)),
         "platform": device.platform,
         "jax": jax.__version__,
         "date": datetime.date.today().isoformat(),
         "how": "median of 20 timed runs after 3 warm-ups, block_until_ready, host clock; random inputs",
         "numpy": np.__version__,
-        "cases": rows,
+        "cases": cases.rows,
     }
-    return result
+
+
+def _matmul_cases(cases: _Cases) -> None:
+    """Matmuls: (M, K, N) and batched attention-shaped products, in bf16 and f32 at two precisions."""
+    shapes = [(8192, 8192, 8192), (4096, 4096, 4096), (8192, 768, 2304), (8192, 768, 3072), (8192, 3072, 768),
+              (8192, 768, 768), (2048, 768, 3072), (1024, 1024, 1024), (512, 512, 512), (256, 256, 256),
+              (128, 128, 128), (8192, 768, 50304), (2048, 2048, 8192)]
+    scale = cases.scale
+    for dtype, precision, label in ((jnp.bfloat16, None, "bf16"), (jnp.float32, None, "f32_default"),
+                                    (jnp.float32, jax.lax.Precision.HIGHEST, "f32_highest")):
+        for m, k, n in shapes:
+            m, k, n = max(m // scale, 8), max(k // scale, 8), max(n // scale, 8)
+            a, b = cases.rand((m, k), dtype, 1), cases.rand((k, n), dtype, 2)
+            size = jnp.dtype(dtype).itemsize
+            cases.case(f"matmul_{label}_{m}x{k}x{n}", lambda x, y, p=precision: jnp.dot(x, y, precision=p), (a, b),
+                       flops=2.0 * m * k * n, bytes_moved=float(size * (m * k + k * n + m * n)),
+                       kind="matmul", dtype=label, shape=[m, k, n])
+        for bh, s, d in ((96, 1024, 64), (128, 512, 128), (384, 128, 64)):
+            bh = max(bh // scale, 2)
+            q, kk = cases.rand((bh, s, d), dtype, 3), cases.rand((bh, s, d), dtype, 4)
+            size = jnp.dtype(dtype).itemsize
+            cases.case(f"bmm_{label}_{bh}x{s}x{d}x{s}",
+                       lambda x, y, p=precision: jnp.einsum("bqd,bkd->bqk", x, y, precision=p), (q, kk),
+                       flops=2.0 * bh * s * s * d, bytes_moved=float(size * (2 * bh * s * d + bh * s * s)),
+                       kind="matmul", dtype=label, shape=[bh, s, d, s])
+
+
+def _memory_cases(cases: _Cases) -> None:
+    """Elementwise kernels (y = x * 1.5 + 0.5: one read, one write; sizes from L2-resident to HBM-sized) and
+    softmax over rows of attention scores (a reduction kernel and its elementwise neighbours)."""
+    shrink = 3 if cases.quick else 0
+    for dtype, label in ((jnp.bfloat16, "bf16"), (jnp.float32, "f32")):
+        for exponent in (16, 20, 22, 24, 26, 28):
+            n = 2 ** max(exponent - shrink, 10)
+            x = cases.rand((n,), dtype, 5)
+            size = jnp.dtype(dtype).itemsize
+            cases.case(f"elementwise_{label}_2^{exponent}", lambda v: v * 1.5 + 0.5, (x,),
+                       bytes_moved=2.0 * n * size, kind="elementwise", dtype=label, elements=n)
+        for exponent in (20, 24, 26):
+            n = 2 ** max(exponent - shrink, 10)
+            x, y = cases.rand((n,), dtype, 6), cases.rand((n,), dtype, 7)
+            size = jnp.dtype(dtype).itemsize
+            cases.case(f"elementwise3_{label}_2^{exponent}", lambda u, v: jnp.tanh(u) * v + u, (x, y),
+                       bytes_moved=3.0 * n * size, kind="elementwise", dtype=label, elements=n)
+    for b, h, s in ((8, 12, 1024), (2, 12, 1024), (32, 12, 128)):
+        b = max(b // cases.scale, 1)
+        x = cases.rand((b, h, s, s), jnp.bfloat16, 8)
+        cases.case(f"softmax_bf16_{b}x{h}x{s}x{s}", lambda v: jax.nn.softmax(v, axis=-1), (x,),
+                   bytes_moved=2.0 * b * h * s * s * 2, kind="softmax", dtype="bf16", elements=b * h * s * s)
+
+
+def _launch_cases(cases: _Cases) -> None:
+    """Fixed cost per kernel: a chain of dependent tiny matmuls and elementwise ops, none fusable with the next."""
+    for chain in (100, 400):
+        w = cases.rand((64, 64), jnp.float32, 9)
+        x = cases.rand((64, 64), jnp.float32, 10)
+
+        def tiny(v, m, steps=chain):
+            for _ in range(steps):
+                v = jnp.tanh(v @ m)
+            return v
+
+        cases.case(f"tiny_chain_{chain}", tiny, (x, w), kind="launch", steps=chain)
+
+
+def _indexing_cases(cases: _Cases) -> None:
+    """Gather and scatter-add of rows with uniformly random indices (the GNN's message passing), and the
+    scatter-add with sorted indices."""
+    nodes, edges = (100_000, 1_000_000) if not cases.quick else (10_000, 100_000)
+    for dtype, label in ((jnp.bfloat16, "bf16"), (jnp.float32, "f32")):
+        for features in (128, 256):
+            size = jnp.dtype(dtype).itemsize
+            table = cases.rand((nodes, features), dtype, 11)
+            ids = jax.random.randint(jax.random.fold_in(cases.key, 12), (edges,), 0, nodes)
+            cases.case(f"gather_{label}_{edges}x{features}", lambda t, i: t[i], (table, ids),
+                       bytes_moved=float(2 * edges * features * size + 4 * edges), kind="gather", dtype=label,
+                       rows=edges, features=features)
+            data = cases.rand((edges, features), dtype, 13)
+            moved = float(edges * features * size + 4 * edges + nodes * features * size)
+            cases.case(f"scatter_add_{label}_{edges}x{features}",
+                       lambda d, i: jax.ops.segment_sum(d, i, num_segments=nodes), (data, ids),
+                       bytes_moved=moved, kind="scatter_add", dtype=label, rows=edges, features=features)
+            sorted_ids = jnp.sort(ids)
+            cases.case(f"scatter_add_sorted_{label}_{edges}x{features}",
+                       lambda d, i: jax.ops.segment_sum(d, i, num_segments=nodes, indices_are_sorted=True),
+                       (data, sorted_ids), bytes_moved=moved, kind="scatter_add_sorted", dtype=label, rows=edges,
+                       features=features)
 
 
 def kernel_numbers(document: dict, hardware: Hardware) -> dict[str, float]:

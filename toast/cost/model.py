@@ -51,15 +51,14 @@ from toast.cost.collectives import (
     CommunicationModel,
 )
 from toast.cost.hardware import Hardware
-from toast.cost.kernels import BRANCH_OPS, LOOP_OPS, KernelPlan
+from toast.cost.kernels import KernelPlan
 from toast.cost.network import Algorithm, algorithms, collective_seconds, mesh_group_span
 from toast.errors import ToastError
-from toast.frontend.ir import TERMINATORS
 from toast.sharding.state import NamePartition, ShardingModel, ShardingState
 
-# Ops between a gradient's matmul and the optimizer that pass it on whole.
-_PASS_THROUGH = frozenset({"stablehlo.reshape", "stablehlo.transpose", "stablehlo.convert", "stablehlo.copy",
-                           "stablehlo.bitcast_convert"})
+# Kernel classes of the ops that hand their operands on to a region or the caller (no kernel of their own).
+_HANDS_ON = frozenset({"terminator", "loop", "branch"})
+
 
 BREAKDOWN_KEYS = ("compute_bound_s", "memory_bound_s", "launch_overhead_s", "exposed_communication_s",
                   "hidden_communication_s")
@@ -159,7 +158,7 @@ class CostModel:
         self._init_collective_algorithms()
         analysis = model.analysis
         program = analysis.program
-        self.plan = KernelPlan(program, elementwise_ops=analysis.elementwise_ops)
+        self.plan = KernelPlan(program, semantics=analysis.kernel_semantics)
         self.donate = tuple(sorted(set(donate)))
         for index in self.donate:
             if not 0 <= index < len(program.arguments):
@@ -276,8 +275,7 @@ class CostModel:
         readers = [(int(top_of_kernel[k]), int(plan.root[v])) for k, v in zip(read_kernel.tolist(),
                                                                              read_value.tolist(), strict=True)]
         readers.extend((int(self.item_of_op[op.id]), int(plan.root[value_id])) for op in ops
-                       if kernel_of_op[op.id] < 0 and (op.kind in TERMINATORS or op.kind in LOOP_OPS
-                                                       or op.kind in BRANCH_OPS) for value_id in op.operands)
+                       if kernel_of_op[op.id] < 0 and plan.op_class[op.id] in _HANDS_ON for value_id in op.operands)
         reader_items: dict[int, list[int]] = {}
         for item, r in readers:
             if item > self._producer_item(r):
@@ -289,7 +287,7 @@ class CostModel:
         self.consumer_item_of_op = self.item_of_op.copy()
         sorted_readers = {r: sorted(set(items)) for r, items in reader_items.items()}
         for op in ops:
-            if kernel_of_op[op.id] >= 0 or op.kind in TERMINATORS or op.kind in LOOP_OPS or op.kind in BRANCH_OPS:
+            if kernel_of_op[op.id] >= 0 or plan.op_class[op.id] in _HANDS_ON:
                 continue
             earliest = int(self.item_of_op[op.id])
             due = self.item_count
@@ -345,7 +343,9 @@ class CostModel:
                     continue
                 self._gradient_value[value_id] = True
                 producer = program.producer[value_id]
-                if producer >= 0 and program.ops[producer].kind in _PASS_THROUGH:
+                # Ops between a gradient's matmul and the optimizer that pass it on whole (the rules'
+                # keeps_elements: reshape, transpose, convert, ...).
+                if producer >= 0 and program.ops[producer].kind in self.plan.semantics.keeps_elements:
                     frontier.extend(program.ops[producer].operands[:1])
 
     def _producer_item(self, value_id: int) -> int:

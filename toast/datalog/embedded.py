@@ -50,6 +50,7 @@ from toast.datalog.parser import (
     Clause,
     Constraint,
     Expr,
+    Functor,
     NumberConst,
     Program,
     RelationDecl,
@@ -454,7 +455,7 @@ def _translate(clause: Clause, head_pred: Any, tables: Sequence[_Table | None]) 
     goals: list[_Goal] = []
     head_args: list[Expr] = []
     for arg in clause.head.args:
-        if isinstance(arg, BinaryOp):
+        if isinstance(arg, (BinaryOp, Functor)):
             temporary = Variable(next(temporaries))
             goals.append(_Compare("=", temporary, arg, clause.location))
             arg = temporary
@@ -466,7 +467,7 @@ def _translate(clause: Clause, head_pred: Any, tables: Sequence[_Table | None]) 
         atom = literal if isinstance(literal, Atom) else literal.atom
         args: list[Expr] = []
         for arg in atom.args:
-            if isinstance(arg, BinaryOp):
+            if isinstance(arg, (BinaryOp, Functor)):
                 temporary = Variable(next(temporaries))
                 goals.append(_Compare("=", temporary, arg, atom.location))
                 arg = temporary
@@ -519,6 +520,8 @@ def _variables(expr: Expr) -> set[str]:
         return {expr.name}
     if isinstance(expr, BinaryOp):
         return _variables(expr.left) | _variables(expr.right)
+    if isinstance(expr, Functor):
+        return set().union(*(_variables(arg) for arg in expr.args))
     return set()
 
 
@@ -566,7 +569,17 @@ class _Terms:
         raise AssertionError(f"unexpected term {expr!r}")
 
     def expression(self, expr: Expr, location: SourceLocation) -> Any:
-        """A term for ``expr``; arithmetic becomes a pyDatalog operation computed on binding."""
+        """A term for ``expr``; arithmetic and functors become pyDatalog operations computed on binding."""
+        if isinstance(expr, Functor):
+            # pyDatalog calls an operation's function with as many arguments as it declares: cat is
+            # folded into two-argument joins.
+            parts = [self.expression(arg, location) for arg in expr.args]
+            if expr.name == "to_string":
+                return pyEngine.Operation(pyEngine.Const(None), _to_string, pyEngine.VarTuple(parts))
+            joined = pyEngine.Const("")
+            for part in parts:
+                joined = pyEngine.Operation(pyEngine.Const(None), _join, pyEngine.VarTuple([joined, part]))
+            return joined
         if not isinstance(expr, BinaryOp):
             return self.term(expr)
         function = _arithmetic(expr.op, expr.kind, location)
@@ -583,6 +596,16 @@ def _goal_literal(goal: _Goal, terms: _Terms) -> Any:
     left = terms.expression(goal.left, goal.location)
     right = terms.expression(goal.right, goal.location)
     return pyEngine.Literal(_PYDATALOG_COMPARISONS[goal.op], [left, right])
+
+
+def _join(left: str, right: str) -> str:
+    """Soufflé's ``cat`` of two symbols."""
+    return left + right
+
+
+def _to_string(value: int | str) -> str:
+    """Soufflé's ``to_string``: a number in decimal (a symbol stays itself)."""
+    return str(value)
 
 
 def _arithmetic(op: str, kind: str, location: SourceLocation) -> Callable[[int, int], int]:

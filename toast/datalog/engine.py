@@ -48,7 +48,7 @@ def evaluate(text: str, facts: dict[str, list[tuple]], outputs: Sequence[Relatio
       timeout_s: limit for the engine's run, in seconds (Soufflé's one-time compile of a program
         has its own limit, ``souffle.COMPILE_TIMEOUT_S``).
     """
-    output_types = {r.name: [t for _, t in r.columns] for r in outputs}
+    output_types = {r.name: list(r.bases) for r in outputs}
     workdir = Path(tempfile.mkdtemp(prefix="toast-"))
     try:
         program_file = workdir / PROGRAM_NAME

@@ -10,11 +10,15 @@ map. Supported:
   with the doc comment written right before it;
 * ``.input a, b`` / ``.output a(IO=file, ...)`` (the parameters are accepted and ignored);
 * facts and rules, several heads per rule, bodies with ``,`` and ``;`` (also in parentheses),
-  atoms, negated atoms, ``_``, comparisons ``= != < <= > >=`` and ``+ - * / %`` arithmetic.
+  atoms, negated atoms, ``_``, comparisons ``= != < <= > >=``, ``+ - * / %`` arithmetic and the
+  symbol functors ``cat(s, ...)`` and ``to_string(n)`` (for the ``invalid`` checks' details).
 
 Besides syntax, the checker rejects what Soufflé rejects: undeclared or twice-declared
 relations, arity mismatches, unknown types, ungrounded variables, type errors and
-non-stratifiable negation. Other Soufflé features (aggregates, functors, records, components,
+non-stratifiable negation. Types are checked as Soufflé checks subtypes: a variable that two
+positive atoms give incomparable types (an ``OpId`` and a ``ValueId`` column), or a comparison
+joins, is an error, and so is a head argument whose type is not a subtype of its column's.
+Other Soufflé features (aggregates, functors, records, components,
 ...) are reported as "not supported by the embedded engine".
 """
 
@@ -34,6 +38,7 @@ __all__ = [
     "Attribute",
     "BinaryOp",
     "Clause",
+    "Functor",
     "Constraint",
     "Expr",
     "Literal",
@@ -97,7 +102,20 @@ class BinaryOp:
     kind: str = "number"
 
 
-Expr = Variable | Wildcard | NumberConst | StringConst | BinaryOp
+@dataclass(frozen=True)
+class Functor:
+    """A symbol functor: ``cat(args...)`` (concatenation of symbols) or ``to_string(arg)`` (a number's
+    decimal text)."""
+
+    name: str
+    args: tuple[Expr, ...]
+
+
+# The functors the embedded engine runs: name -> the type of their arguments (None: any; Soufflé's to_string of
+# a symbol is the symbol).
+FUNCTORS = {"cat": "symbol", "to_string": None}
+
+Expr = Variable | Wildcard | NumberConst | StringConst | BinaryOp | Functor
 
 
 @dataclass(frozen=True)
@@ -394,11 +412,13 @@ class _Lexer:
 
 @dataclass(frozen=True)
 class _RawType:
-    """A ``.type`` declaration before resolution: its primitive or user-type parents."""
+    """A ``.type`` declaration before resolution: its primitive or user-type parents (``union``: the
+    members of ``.type T = A | B``, which are subtypes of it, not supertypes)."""
 
     name: str
     parents: tuple[str, ...]
     location: SourceLocation
+    union: bool = False
 
 
 @dataclass(frozen=True)
@@ -560,7 +580,7 @@ class _Parser:
             parents.append(self._type_name())
             if self._at("{"):
                 raise self._unsupported("algebraic data types")
-        self._types.append(_RawType(name, tuple(parents), location))
+        self._types.append(_RawType(name, tuple(parents), location, union=True))
 
     def _type_name(self) -> str:
         """A type name (``float`` is unsupported)."""
@@ -703,7 +723,7 @@ class _Parser:
             if self._peek().kind != "ident" or not self._at("(", 1):
                 raise self._unsupported("negation of anything but an atom")
             return [[Negation(self._atom())]]
-        if token.kind == "ident" and self._at("(", 1):
+        if token.kind == "ident" and self._at("(", 1) and token.text not in FUNCTORS:
             return [[self._atom()]]
         if self._at("("):
             return self._parenthesized()
@@ -784,6 +804,16 @@ class _Parser:
         if token.kind == "wildcard":
             self._next()
             return Wildcard()
+        if token.kind == "ident" and token.text in FUNCTORS and self._at("(", 1):
+            self._next()
+            self._next()
+            args = [self._expression()]
+            while self._accept(","):
+                args.append(self._expression())
+            self._expect(")", f"after the arguments of '{token.text}'")
+            if token.text == "to_string" and len(args) != 1:
+                raise self._fail(f"'to_string' takes one argument, not {len(args)}")
+            return Functor(token.text, tuple(args))
         if token.kind == "ident":
             if token.text in _AGGREGATES and not self._at("(", 1):
                 raise self._unsupported(f"aggregate '{token.text}'")
@@ -839,6 +869,9 @@ def _variables(expr: Expr) -> Iterator[str]:
     elif isinstance(expr, BinaryOp):
         yield from _variables(expr.left)
         yield from _variables(expr.right)
+    elif isinstance(expr, Functor):
+        for arg in expr.args:
+            yield from _variables(arg)
 
 
 def _clause_variables(clause: Clause) -> Iterator[str]:
@@ -858,6 +891,8 @@ def _clause_variables(clause: Clause) -> Iterator[str]:
 def _has_wildcard(expr: Expr) -> bool:
     if isinstance(expr, Wildcard):
         return True
+    if isinstance(expr, Functor):
+        return any(_has_wildcard(arg) for arg in expr.args)
     return isinstance(expr, BinaryOp) and (_has_wildcard(expr.left) or _has_wildcard(expr.right))
 
 
@@ -868,6 +903,7 @@ class _Checker:
         self._raw = raw
         self._types: dict[str, TypeDecl] = {}
         self._relations: dict[str, RelationDecl] = {}
+        self._supertypes: dict[str, frozenset[str]] = {}
 
     def check(self) -> Program:
         """Run all checks and build the :class:`Program`."""
@@ -911,6 +947,22 @@ class _Checker:
 
         for raw in self._raw.types:
             base_of(raw.name, raw.location)
+        # Subtyping: T <: P makes P a supertype of T; T = A | B makes T a supertype of A and B.
+        up: dict[str, set[str]] = {name: {decl.base} for name, decl in self._types.items()}
+        for raw in self._raw.types:
+            for parent in raw.parents:
+                if raw.union:
+                    up.setdefault(parent, set()).add(raw.name)
+                else:
+                    up[raw.name].add(parent)
+        for name in up:
+            reached, frontier = set(), [name]
+            while frontier:
+                for parent in up.get(frontier.pop(), ()):
+                    if parent not in reached:
+                        reached.add(parent)
+                        frontier.append(parent)
+            self._supertypes[name] = frozenset(reached)
 
     def _resolve_relations(self) -> None:
         """Build the :class:`RelationDecl` of every ``.decl``."""
@@ -966,10 +1018,10 @@ class _Checker:
                 raise _error(literal.location, "underscore in a constraint")
             if isinstance(literal, (Atom, Negation)):
                 atom = literal if isinstance(literal, Atom) else literal.atom
-                if any(isinstance(arg, BinaryOp) and _has_wildcard(arg) for arg in atom.args):
+                if any(isinstance(arg, (BinaryOp, Functor)) and _has_wildcard(arg) for arg in atom.args):
                     raise _error(atom.location, "underscore in an arithmetic expression")
         self._check_grounded(clause)
-        return _Typer(self._relations, clause).annotate()
+        return _Typer(self._relations, clause, self._supertypes).annotate()
 
     def _check_grounded(self, clause: Clause) -> None:
         """Every variable must be bound by a positive atom or an ``=`` from bound variables."""
@@ -1010,10 +1062,12 @@ class _Checker:
 class _Typer:
     """Infers the primitive type of every variable of a clause, checks and annotates its arithmetic."""
 
-    def __init__(self, relations: Mapping[str, RelationDecl], clause: Clause) -> None:
+    def __init__(self, relations: Mapping[str, RelationDecl], clause: Clause,
+                 supertypes: Mapping[str, frozenset[str]]) -> None:
         self._relations = relations
         self._clause = clause
         self._kinds: dict[str, str] = {}
+        self._supertypes = supertypes
 
     def annotate(self) -> Clause:
         """The clause with ``BinaryOp.kind`` filled in; raises :class:`RuleError` on type errors."""
@@ -1037,7 +1091,52 @@ class _Typer:
                 body.append(Negation(self._atom(literal.atom)))
             else:
                 body.append(self._constraint(literal))
+        self._check_subtypes()  # after the primitive types: their errors say more
         return replace(clause, head=head, body=tuple(body))
+
+    def _is_subtype(self, sub: str, sup: str) -> bool:
+        return sub == sup or sup in self._supertypes.get(sub, ())
+
+    def _check_subtypes(self) -> None:
+        """Soufflé's subtype rules: the positive atoms a variable occurs in (and the variables a comparison
+        joins it to) give it the most specific of their column types, which must exist; a head argument's
+        type must be a subtype of its column's. Negations and arithmetic add no constraint."""
+        clause = self._clause
+        group: dict[str, str] = {}
+
+        def find(name: str) -> str:
+            while group.get(name, name) != name:
+                name = group[name]
+            return name
+
+        for literal in clause.body:
+            if isinstance(literal, Constraint) and isinstance(literal.left, Variable) and \
+                    isinstance(literal.right, Variable):
+                group[find(literal.left.name)] = find(literal.right.name)
+        constraints: dict[str, list[tuple[str, str, SourceLocation]]] = {}
+        for literal in clause.body:
+            if isinstance(literal, Atom):
+                for arg, attribute in zip(literal.args, self._relations[literal.relation].attributes, strict=True):
+                    if isinstance(arg, Variable):
+                        constraints.setdefault(find(arg.name), []).append((attribute.type, arg.name, literal.location))
+        deduced: dict[str, str] = {}
+        for root, found in constraints.items():
+            types = {type_ for type_, _, _ in found}
+            best = [t for t in types if all(self._is_subtype(t, other) for other in types)]
+            if not best:
+                first, name, location = found[0]
+                other = next(type_ for type_, _, _ in found if not self._is_subtype(first, type_)
+                             and not self._is_subtype(type_, first))
+                raise _error(location, f"unable to deduce the type of variable '{name}': it is used as {first} "
+                                       f"and as {other}, neither a subtype of the other")
+            deduced[root] = best[0]
+        head = clause.head
+        for arg, attribute in zip(head.args, self._relations[head.relation].attributes, strict=True):
+            if isinstance(arg, Variable) and find(arg.name) in deduced:
+                actual = deduced[find(arg.name)]
+                if not self._is_subtype(actual, attribute.type):
+                    raise _error(head.location, f"'{arg.name}' is a {actual}, not a subtype of {attribute.type}, "
+                                                f"the type of {head.relation}.{attribute.name}")
 
     def _bind(self, name: str, kind: str, location: SourceLocation) -> None:
         """Record that variable ``name`` has primitive type ``kind``."""
@@ -1066,6 +1165,13 @@ class _Typer:
             return self._kinds.get(expr.name)
         if isinstance(expr, StringConst):
             return "symbol"
+        if isinstance(expr, Functor):
+            wanted = FUNCTORS[expr.name]
+            for arg in expr.args:
+                kind = self._kind(arg, location)
+                if wanted is not None and kind is not None and kind != wanted:
+                    raise _error(location, f"'{expr.name}' takes a {wanted}, not a {kind}")
+            return "symbol"
         if isinstance(expr, BinaryOp):
             left, right = self._kind(expr.left, location), self._kind(expr.right, location)
             for side in (left, right):
@@ -1091,6 +1197,10 @@ class _Typer:
             return BinaryOp(
                 expr.op, self._typed(expr.left, kind, location), self._typed(expr.right, kind, location), kind
             )
+        if isinstance(expr, Functor):
+            return Functor(expr.name, tuple(
+                self._typed(arg, FUNCTORS[expr.name] or self._kind(arg, location) or "number", location)
+                for arg in expr.args))
         return expr
 
     def _atom(self, atom: Atom) -> Atom:

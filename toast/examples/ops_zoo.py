@@ -98,11 +98,15 @@ def ops_zoo(*, rows: int = 16, cols: int = 32, batch: int = 4, inner: int = 8,
     inner]``, ``indices: int32[num_indices]``, ``start: int32[]`` (a dynamic offset),
     ``steps: int32[]`` (a loop trip count), ``branch: int32[]`` (a ``lax.switch`` index).
     ``fn`` returns a dict of results so that nothing is dead.
+
+    Long on purpose: the program is one function, as a user writes one, with an op or two per line
+    (the table in the module docstring lists them); splitting it would change the lowered module.
     """
     if cols % 4 or rows < 10:
         raise ValueError(f"need cols % 4 == 0 and rows >= 10, got rows={rows}, cols={cols}")
 
     def ops_zoo(x, y, lhs, rhs, matrix, indices, start, steps, branch):
+        """The program: one function, long on purpose (see the factory's docstring)."""
         out = {}
         # --- elementwise unary (float) ---
         out["unary"] = (-x + jnp.abs(x) + jnp.exp(x) + jnp.log(jnp.abs(x) + 1.0)

@@ -134,6 +134,9 @@ def unet_train_step(*, batch: int = 8, image: int = 64, channels: int = 4, base:
                     dtype=jnp.float32, learning_rate: float = 1e-4):
     """Returns ``(fn, (params, opt_state, noisy_images, timesteps, noise))`` for one U-Net step.
 
+    Long on purpose: the model is written in one place as a diffusion codebase writes it (the level and
+    block loops build the network the shapes below describe).
+
     Args:
         batch: ``B``, images per step.
         image: ``S``, the side of the square images; divisible by ``2 ** (len(multipliers) - 1)``.

@@ -1,11 +1,11 @@
 """Reports of an ``Analysis``: the JSON contract and the short human summary.
 
-JSON (scripts rely on it): top-level ``colors``, ``unruled_ops``, ``color_conflicts``,
+JSON (scripts rely on it): top-level ``colors``, ``unruled_ops``, ``unpriced_ops``, ``color_conflicts``,
 ``conflicts``, ``compatibility_sets``, ``resolution_groups``, ``pins``, ``stats``.
 
 - color: ``{"id", "size", "dims": [dim, ...]}``; ``size`` counts all its dimension names
   (definitions and uses), ``dims`` lists definition dims ``{"value", "dim", "size", "loc"}``.
-- unruled op: ``{"op", "kind", "loc"}``.
+- unruled op (no identity rule), unpriced op (no kernel class): ``{"op", "kind", "loc"}``.
 - color conflict (section 3.3): ``{"color", "on": site}``; a site is ``{"value", "dims"}`` for a
   definition or ``{"value", "dims", "use": {"op", "kind", "operand"}}`` for a use.
 - conflict (section 3.4): ``{"id", "color", "endpoints": [dim, dim], "on": [site, ...],
@@ -47,6 +47,7 @@ def to_json(analysis: Analysis) -> dict[str, Any]:
             for color in analysis.colors
         ],
         "unruled_ops": [{"op": u.op, "kind": u.kind, "loc": u.loc} for u in analysis.unruled_ops],
+        "unpriced_ops": [{"op": u.op, "kind": u.kind, "loc": u.loc} for u in analysis.unpriced_ops],
         **conflicts_json(analysis),
         "pins": [
             {"value": pin.value, "kind": pin.kind, "loc": pin.loc,
@@ -120,7 +121,8 @@ def site_json(analysis: Analysis, site: ConflictSite) -> dict[str, Any]:
 VARIANT_ROWS = (("colors", "colors"), ("resolution_bits", "resolution bits"), ("conflicts", "conflicts"),
                 ("color_conflicts", "color conflicts"), ("compatibility_sets", "compatibility sets"),
                 ("boxes", "boxes"), ("identities", "identities"), ("m_edges", "major-factor edges"),
-                ("unruled_ops", "unruled ops"), ("dimension_names", "dimension names"))
+                ("unruled_ops", "unruled ops"), ("unpriced_ops", "unpriced ops"),
+                ("dimension_names", "dimension names"))
 
 
 def variant_table(analyses: Sequence[Analysis]) -> str:
@@ -152,6 +154,7 @@ def summary(analysis: Analysis, *, top: int = 10) -> str:
                  for v in program.arguments]
     text = template("summary.txt.j2", trim_blocks=True, lstrip_blocks=True).render(
         program=program, stats=analysis.stats, largest=largest, unruled=analysis.unruled_ops,
+        unpriced=analysis.unpriced_ops,
         variant=analysis.stats.get("variant", ""), arguments=arguments, shown_arguments=ARGUMENTS_SHOWN,
     )
     return text.rstrip("\n") + "\n"

@@ -240,86 +240,14 @@ def _lane(space: ActionSpace, memo: _Memo, settings: SearchSettings, task: _Lane
             continue
         done += 1
         since_best += 1
-        node, key = root, tree.root
         path: list[tuple[_Node, int]] = []
         taken: list[int] = list(tree.prefix)
-        stopped = False
-        # Selection: UCT-RAVE among the node's live positions, down to a node not yet in the tree.
-        while True:
-            if len(taken) >= settings.max_depth:
-                stopped = True
-                break
-            live = ~node.dead
-            if not live.any():
-                node.exhausted = True
-                stopped = True
-                break
-            counts = node.counts
-            mean = node.totals.sum() / max(node.visits, 1) if node.visits else 0.0
-            value = np.where(counts > 0, node.totals / np.maximum(counts, 1), mean)
-            amaf = np.where(node.amaf_counts > 0, node.amaf_totals / np.maximum(node.amaf_counts, 1), value)
-            beta = np.sqrt(settings.rave / (3.0 * counts + settings.rave))
-            bonus = settings.exploration * np.sqrt(math.log(node.visits + 1) / (counts + 1))
-            priority = (1 - beta) * value + beta * amaf + bonus + rng.random(width) * 1e-9
-            priority[~live] = -np.inf
-            choice = int(np.argmax(priority))
-            if choice == stop:
-                node.dead[stop] = True  # its reward is the node's own score: once is enough
-                path.append((node, choice))
-                stopped = True
-                break
-            child = node.children[choice]
-            if child is _UNKNOWN:
-                child = node.children[choice] = memo.step(key, allowed[choice])
-            if child is None:
-                node.dead[choice] = True
-                continue
-            child_node = tree.nodes.get(child)
-            if child_node is not None and child_node.exhausted:
-                node.dead[choice] = True
-                continue
-            path.append((node, choice))
-            taken.append(allowed[choice])
-            key = child
-            if child_node is None:
-                tree.nodes[child] = _Node(width)
-                break
-            node = child_node
-        # Default policy: random valid actions, stopping with probability stop_probability at each step, but
-        # not at a state over the memory limit (no sharding that stops there fits: one more action may).
-        while not stopped and len(taken) < settings.max_depth:
-            if rng.random() < settings.stop_probability and (
-                    task.goal != "runtime" or memo.score(key, task.goal) < OVER_MEMORY):
-                break
-            for _attempt in range(8):
-                action = allowed[int(rng.integers(0, len(allowed)))]
-                following = memo.step(key, action)
-                if following is not None:
-                    key = following
-                    taken.append(action)
-                    break
-            else:
-                break
+        key, stopped = _select(tree, memo, settings, allowed, rng, path, taken)
+        if not stopped:
+            key = _roll_out(key, memo, settings, task, allowed, rng, taken)
         score = memo.score(key, task.goal)
         reward = -(_tree_score(score) + settings.length_penalty * len(taken))
-        later = [position[action] for action in taken[len(tree.prefix):]]
-        for depth, (visited, choice) in enumerate(path):
-            visited.visits += 1
-            visited.counts[choice] += 1
-            visited.totals[choice] += reward
-            seen = np.unique(later[depth:] or [stop])
-            visited.amaf_counts[seen] += 1
-            visited.amaf_totals[seen] += reward
-        # A node whose positions are all dead is exhausted; so is its position in the parent.
-        for visited, choice in reversed(path):
-            child = visited.children[choice] if choice != stop else None
-            child_node = tree.nodes.get(child) if child is not None and child is not _UNKNOWN else None
-            if child_node is not None and child_node.exhausted:
-                visited.dead[choice] = True
-            if visited.dead.all():
-                visited.exhausted = True
-            else:
-                break
+        _back_up(tree, path, [position[action] for action in taken[len(tree.prefix):]], reward, stop)
         if (score, len(taken)) < (tree_best[0], len(tree_best[1])):
             tree_best = (score, tuple(taken))
         if (score, len(taken)) < (best_score, len(best_actions)):
@@ -331,6 +259,96 @@ def _lane(space: ActionSpace, memo: _Memo, settings: SearchSettings, task: _Lane
                     key=lambda top: (top[0], len(top[1]), top[1]))
     return _LaneResult(best_score, best_actions, done, frozenset(scored), exhausted,
                        tuple(ranked[:settings.polish_candidates]))
+
+
+def _select(tree: _Tree, memo: _Memo, settings: SearchSettings, allowed: list[int], rng: np.random.Generator,
+            path: list[tuple[_Node, int]], taken: list[int]) -> tuple[bytes, bool]:
+    """Selection: UCT-RAVE among each node's live positions, from the tree's root down to a node not yet in
+    the tree. Appends the ``(node, position)`` steps to ``path`` and the actions to ``taken``; returns the key
+    reached and whether the lane stops there (the stop action, the depth limit, nothing live)."""
+    width = len(allowed) + 1
+    stop = width - 1
+    node, key = tree.nodes[tree.root], tree.root
+    while True:
+        if len(taken) >= settings.max_depth:
+            return key, True
+        live = ~node.dead
+        if not live.any():
+            node.exhausted = True
+            return key, True
+        counts = node.counts
+        mean = node.totals.sum() / max(node.visits, 1) if node.visits else 0.0
+        value = np.where(counts > 0, node.totals / np.maximum(counts, 1), mean)
+        amaf = np.where(node.amaf_counts > 0, node.amaf_totals / np.maximum(node.amaf_counts, 1), value)
+        beta = np.sqrt(settings.rave / (3.0 * counts + settings.rave))
+        bonus = settings.exploration * np.sqrt(math.log(node.visits + 1) / (counts + 1))
+        priority = (1 - beta) * value + beta * amaf + bonus + rng.random(width) * 1e-9
+        priority[~live] = -np.inf
+        choice = int(np.argmax(priority))
+        if choice == stop:
+            node.dead[stop] = True  # its reward is the node's own score: once is enough
+            path.append((node, choice))
+            return key, True
+        child = node.children[choice]
+        if child is _UNKNOWN:
+            child = node.children[choice] = memo.step(key, allowed[choice])
+        if child is None:
+            node.dead[choice] = True
+            continue
+        child_node = tree.nodes.get(child)
+        if child_node is not None and child_node.exhausted:
+            node.dead[choice] = True
+            continue
+        path.append((node, choice))
+        taken.append(allowed[choice])
+        key = child
+        if child_node is None:
+            tree.nodes[child] = _Node(width)
+            return key, False
+        node = child_node
+
+
+def _roll_out(key: bytes, memo: _Memo, settings: SearchSettings, task: _LaneTask, allowed: list[int],
+              rng: np.random.Generator, taken: list[int]) -> bytes:
+    """Default policy: random valid actions (appended to ``taken``), stopping with probability
+    ``stop_probability`` at each step, but not at a state over the memory limit (no sharding that stops there
+    fits: one more action may). Returns the key reached."""
+    while len(taken) < settings.max_depth:
+        if rng.random() < settings.stop_probability and (
+                task.goal != "runtime" or memo.score(key, task.goal) < OVER_MEMORY):
+            break
+        for _attempt in range(8):
+            action = allowed[int(rng.integers(0, len(allowed)))]
+            following = memo.step(key, action)
+            if following is not None:
+                key = following
+                taken.append(action)
+                break
+        else:
+            break
+    return key
+
+
+def _back_up(tree: _Tree, path: list[tuple[_Node, int]], later: list[int], reward: float, stop: int) -> None:
+    """Adds ``reward`` to the visits along ``path`` and to the all-moves-as-first statistics of the positions
+    ``later`` taken below each node; marks nodes whose positions are all dead exhausted, up the path."""
+    for depth, (visited, choice) in enumerate(path):
+        visited.visits += 1
+        visited.counts[choice] += 1
+        visited.totals[choice] += reward
+        seen = np.unique(later[depth:] or [stop])
+        visited.amaf_counts[seen] += 1
+        visited.amaf_totals[seen] += reward
+    # A node whose positions are all dead is exhausted; so is its position in the parent.
+    for visited, choice in reversed(path):
+        child = visited.children[choice] if choice != stop else None
+        child_node = tree.nodes.get(child) if child is not None and child is not _UNKNOWN else None
+        if child_node is not None and child_node.exhausted:
+            visited.dead[choice] = True
+        if visited.dead.all():
+            visited.exhausted = True
+        else:
+            break
 
 
 def _replay_key(memo: _Memo, key: bytes, actions: tuple[int, ...]) -> bytes:
@@ -506,6 +524,48 @@ def _fork_pool(workers: int, context: tuple[ActionSpace, _Memo, SearchSettings])
 DEFAULT_SETTINGS = SearchSettings()
 
 
+def _lane_tasks(settings: SearchSettings, state: np.ndarray, allowed: tuple[int, ...], phase: Phase,
+                phase_index: int, *, budget: int | None, workers: int, phase_start_time: float,
+                phase_seconds: float | None) -> list[_LaneTask]:
+    """A phase's lanes: its rollout ``budget`` shared by them; run in waves of ``workers``, with a time budget
+    each wave has its share of the phase's time (less the polish's share). A lane of no rollouts is left out."""
+    shares = [None] * settings.lanes if budget is None else [
+        budget // settings.lanes + (1 if lane < budget % settings.lanes else 0) for lane in range(settings.lanes)]
+    waves = -(-settings.lanes // workers)
+    lane_seconds = None if phase_seconds is None else phase_seconds * (
+        1 - POLISH_TIME_SHARE if settings.polish else 1)
+    return [_LaneTask(state.tobytes(), allowed, phase.goal, (settings.seed, phase_index, lane),
+                      share if share is not None else 2 ** 62,
+                      None if lane_seconds is None else phase_start_time + lane_seconds * (lane // workers + 1) / waves)
+            for lane, share in enumerate(shares) if share != 0]
+
+
+def _refine(space: ActionSpace, memo: _Memo, settings: SearchSettings, found: list[_LaneResult],
+            trajectory: list[int], best: float, phase: Phase, *, allowed: tuple[int, ...], keep: int,
+            budget: int | None, deadline: float | None, pool: Any) -> tuple[float, list[int]]:
+    """The lanes' best trajectories and the best of each of their trees, best first (each once), trimmed and
+    polished after ``trajectory`` (whose first ``keep`` actions, the earlier phases', stay): the best of them
+    and of ``trajectory`` itself (scored ``best``), as ``(score, actions)``."""
+    tops = {actions: score for r in found for score, actions in ((r.score, r.actions), *r.tops)}
+    candidates = sorted(((score, actions) for actions, score in tops.items()),
+                        key=lambda top: (top[0], len(top[1]), top[1]))
+    refined: list[tuple[float, int, list[int]]] = [(best, len(trajectory), trajectory)]
+    polished = candidates[:settings.polish_candidates if settings.polish else 1]
+    # The polish scores at most polish_budget states per rollout of the phase, shared by its candidates.
+    polish_budget = None if budget is None else max(1, settings.polish_budget * budget // max(1, len(polished)))
+    for rank, candidate in enumerate(polished):
+        if deadline is not None and time.monotonic() > deadline and rank:
+            break
+        actions, score = _trim(space, memo, trajectory + list(candidate[1]), keep=keep, goal=phase.goal)
+        if settings.polish:
+            actions, score = _polish(space, memo, actions, keep=keep, allowed=allowed, goal=phase.goal, score=score,
+                                     chunk=POLISH_CHUNK, pool=pool, deadline=deadline, swaps=settings.polish_swaps,
+                                     budget=polish_budget)
+        refined.append((score, len(actions), actions))
+    phase_best, _, chosen = min(refined, key=lambda r: (r[0], r[1], tuple(r[2])))
+    return phase_best, chosen
+
+
 def search(space: ActionSpace, costs: CostModel, *, settings: SearchSettings = DEFAULT_SETTINGS,
            progress: Callable[[RoundResult, int, float], None] | None = None) -> SearchResult:
     """Search for the sharding with the lowest cost.
@@ -545,23 +605,12 @@ def search(space: ActionSpace, costs: CostModel, *, settings: SearchSettings = D
             allowed = tuple(i for i, a in enumerate(space.actions) if a.axis in axes)
             best = memo.score(memo.key(state), phase.goal)
             phase_start = len(trajectory)  # trimming keeps the earlier phases' actions
-            # The budget left is shared by the phases left; a phase's rollouts by its lanes.
+            # The budget left is shared by the phases left.
             budget = None if settings.rollouts is None else (settings.rollouts - total_rollouts) // phases_left
-            shares = [None] * settings.lanes if budget is None else [
-                budget // settings.lanes + (1 if lane < budget % settings.lanes else 0)
-                for lane in range(settings.lanes)]
-            # Lanes run in waves of `workers`; with a time budget each wave has its share of the phase's time
-            # (less the polish's share).
-            waves = -(-settings.lanes // workers)
             phase_seconds = None if settings.seconds is None else (
                 settings.seconds - (phase_start_time - start)) / phases_left
-            lane_seconds = None if phase_seconds is None else phase_seconds * (
-                1 - POLISH_TIME_SHARE if settings.polish else 1)
-            tasks = [_LaneTask(state.tobytes(), allowed, phase.goal, (settings.seed, phase_index, lane),
-                               share if share is not None else 2 ** 62,
-                               None if lane_seconds is None else
-                               phase_start_time + lane_seconds * (lane // workers + 1) / waves)
-                     for lane, share in enumerate(shares) if share != 0]
+            tasks = _lane_tasks(settings, state, allowed, phase, phase_index, budget=budget, workers=workers,
+                                phase_start_time=phase_start_time, phase_seconds=phase_seconds)
             lane_results = pool.imap(_worker_lane, tasks, chunksize=1) if pool is not None else (
                 _run_lane(space, memo, settings, task) for task in tasks)
             found: list[_LaneResult] = []
@@ -576,28 +625,9 @@ def search(space: ActionSpace, costs: CostModel, *, settings: SearchSettings = D
                     cost = memo.cost_of(_replay_key(memo, memo.key(state), leader.actions))
                     progress(RoundResult(phase_index, cost.relative, cost.step_time_s, result.rollouts),
                              total_rollouts, time.monotonic() - start)
-            # The lanes' best trajectories and the best of each of their trees, best first (each once), trimmed
-            # and polished: the best of them.
-            tops = {actions: score for r in found for score, actions in ((r.score, r.actions), *r.tops)}
-            candidates = sorted(((score, actions) for actions, score in tops.items()),
-                                key=lambda top: (top[0], len(top[1]), top[1]))
             deadline = None if phase_seconds is None else phase_start_time + phase_seconds
-            refined: list[tuple[float, int, list[int]]] = [(best, len(trajectory), trajectory)]
-            polished = candidates[:settings.polish_candidates if settings.polish else 1]
-            # The polish scores at most polish_budget states per rollout of the phase, shared by its candidates.
-            polish_budget = None if budget is None else max(1, settings.polish_budget * budget // max(1, len(polished)))
-            for rank, candidate in enumerate(polished):
-                if deadline is not None and time.monotonic() > deadline and rank:
-                    break
-                actions, score = _trim(space, memo, trajectory + list(candidate[1]), keep=phase_start,
-                                       goal=phase.goal)
-                if settings.polish:
-                    actions, score = _polish(space, memo, actions, keep=phase_start, allowed=allowed,
-                                                     goal=phase.goal, score=score, chunk=POLISH_CHUNK,
-                                                     pool=pool, deadline=deadline, swaps=settings.polish_swaps,
-                                                     budget=polish_budget)
-                refined.append((score, len(actions), actions))
-            phase_best, _, chosen = min(refined, key=lambda r: (r[0], r[1], tuple(r[2])))
+            phase_best, chosen = _refine(space, memo, settings, found, trajectory, best, phase, allowed=allowed,
+                                         keep=phase_start, budget=budget, deadline=deadline, pool=pool)
             if phase_best < best:
                 trajectory, best = chosen, phase_best
                 replayed = _replay(space, trajectory)
