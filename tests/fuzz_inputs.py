@@ -554,14 +554,14 @@ def check_bytecode(data: bytes, directory: Path, worker: BytecodeWorker, cli_too
 
 def check_strategy(text: str, directory: Path, sample: Sampler) -> tuple[bool, bool]:
     from toast.cost.hardware import load_hardware
-    from toast.output.strategy_file import read_strategy, strategy_mesh, strategy_state
+    from toast.output.strategy_file import read_strategy_document, strategy_mesh, strategy_state
 
     path = directory / "s.json"
     path.write_text(text)
     stage = ["read"]
 
     def read() -> None:
-        document = read_strategy(path)
+        document = read_strategy_document(path)
         mesh = strategy_mesh(document, path=path)
         if mesh.devices != 8:
             raise ToastError("devices")  # as `--devices 8` refuses it
@@ -569,7 +569,7 @@ def check_strategy(text: str, directory: Path, sample: Sampler) -> tuple[bool, b
         stage[0] = "state"
         strategy_state(sharding_model(tuple(mesh.axes)), document, path=path)
 
-    accepted = direct(read, "read_strategy/strategy_state")
+    accepted = direct(read, "read_strategy_document/strategy_state")
     # The command line refuses cheaply before the analysis; after it, sample; an accepted file
     # would run XLA (seconds), which the direct call stands for.
     if accepted or (stage[0] == "state" and not sample()):
@@ -585,7 +585,7 @@ def check_hardware(text: str, directory: Path, sample: Sampler) -> tuple[bool, b
     from toast.cost.model import CostModel
     from toast.cost.network import axis_spans
     from toast.output.files import json_text
-    from toast.output.strategy_file import read_strategy, strategy_json
+    from toast.output.strategy_file import read_strategy_document, strategy_json
 
     path = directory / "profile.toml"
     path.write_text(text)
@@ -603,7 +603,7 @@ def check_hardware(text: str, directory: Path, sample: Sampler) -> tuple[bool, b
         written.write_text(json_text(document))
         try:
             _strict_json(written)
-            read_strategy(written)  # what `toast shard -o` writes, `toast validate` reads
+            read_strategy_document(written)  # what `toast shard -o` writes, `toast validate` reads
         except (Failure, ToastError) as err:
             raise Failure(f"toast shard --hardware {path.name} writes a strategy file its reader refuses: "
                           f"{err}") from None

@@ -348,7 +348,7 @@ def test_autoshard_command_writes_the_strategy_and_the_table(tmp_path, capsys):
                  "--rollouts", "100", "--workers", "1", "-o", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "| toast |" in printed and "| megatron |" in printed and "| data_parallel |" in printed
-    document = toast.read_strategy(out)
+    document = toast.load_strategy(out).document
     # The MLP's 9 states are all scored in fewer than 100 rollouts (then the search stops).
     assert 9 <= document["search"]["rollouts"] < 100 and document["search"]["over_memory"] is False
     assert main(["cost", "toast.examples.mlp:mlp", "--hardware", "a100_80gb", "--strategy", str(out),

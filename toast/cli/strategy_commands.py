@@ -130,7 +130,7 @@ def _cost_plan(options: argparse.Namespace) -> CostPlan:
     """What ``toast cost`` will price, checked before the analysis: ``(hardware, mesh, strategy, roles,
     document)`` with ``strategy`` a manual strategy's name or ``None`` and ``document`` a strategy file's."""
     from toast.cost.hardware import load_hardware
-    from toast.output.strategy_file import read_strategy, strategy_mesh
+    from toast.output.strategy_file import read_strategy_document, strategy_mesh
     from toast.sharding.mesh import parse_mesh
     from toast.sharding.roles import roles_for_input
     from toast.sharding.strategies import COMPOSITES, STRATEGIES, check_strategy, strategy_parts
@@ -141,7 +141,7 @@ def _cost_plan(options: argparse.Namespace) -> CostPlan:
     if strategy is None:
         return CostPlan(hardware, mesh or parse_mesh("device=1"), None, None, None)
     if strategy.endswith(".json") or Path(strategy).is_file():
-        document = read_strategy(strategy)
+        document = read_strategy_document(strategy)
         file_mesh = strategy_mesh(document, path=strategy)
         if mesh is not None and mesh != file_mesh:
             raise ToastError(f"--mesh {options.mesh}, but the strategy file {strategy} is for mesh {file_mesh.spec()}")
@@ -426,9 +426,9 @@ def _validate_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _check_validate(options: argparse.Namespace) -> ValidatePlan:
     from toast.cost.hardware import load_hardware
-    from toast.output.strategy_file import read_strategy, strategy_hardware, strategy_mesh
+    from toast.output.strategy_file import read_strategy_document, strategy_hardware, strategy_mesh
 
-    document = read_strategy(options.strategy)
+    document = read_strategy_document(options.strategy)
     mesh = strategy_mesh(document, path=options.strategy)
     if options.devices != mesh.devices:
         raise ToastError(f"--devices {options.devices}, but the strategy's mesh {mesh.spec()} has "

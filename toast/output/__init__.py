@@ -8,8 +8,8 @@ from toast.output.dimension_graph import dimension_graph_dot
 from toast.output.report import summary, to_json
 from toast.output.sharded_jit import sharded_jit
 from toast.output.sharded_stablehlo import sharded_module_text
-from toast.output.strategy_file import read_strategy, strategy_json, strategy_mesh, strategy_state
+from toast.output.strategy_file import strategy_json, strategy_mesh, strategy_state
 
-__all__ = ["Strategy", "autoshard", "dimension_graph_dot", "load_strategy", "read_strategy", "sharded_jit",
+__all__ = ["Strategy", "autoshard", "dimension_graph_dot", "load_strategy", "sharded_jit",
            "sharded_module_text", "strategy_json",
            "strategy_mesh", "strategy_state", "summary", "to_json"]

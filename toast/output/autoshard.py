@@ -35,7 +35,7 @@ class Strategy:
     """A sharding strategy: a strategy file's document, and the example arguments it was made for.
 
     Attributes:
-      document: the strategy file (``toast.read_strategy``'s form).
+      document: the strategy file's JSON, checked (``toast.load_strategy``).
       example_args: the example arguments (arrays or ``jax.ShapeDtypeStruct``) when known.
     """
 
@@ -87,11 +87,12 @@ class Strategy:
         write_outputs([Output("path", Path(path), json_text(self.document))])
 
 
-def load_strategy(path: str | Path) -> Strategy:
-    """A strategy file read back (checked against the schema)."""
-    from toast.output.strategy_file import read_strategy
+def load_strategy(source: str | Path | dict[str, Any]) -> Strategy:
+    """A strategy file read back, or a strategy document already loaded, checked against the schema (its
+    ``document`` is the file's JSON; ``read_strategy_document`` in ``toast.output.strategy_file`` is the check)."""
+    from toast.output.strategy_file import read_strategy_document
 
-    return Strategy(read_strategy(path))
+    return Strategy(read_strategy_document(source))
 
 
 def strategy_document(found: Found, *, source: str) -> dict[str, Any]:

@@ -29,7 +29,7 @@ def named_shardings(strategy: dict[str, Any], *, devices: Sequence[Any] | None =
     """``(mesh, argument shardings, result shardings)`` of a strategy document, flat.
 
     Args:
-      strategy: the document of a strategy file (``toast.output.strategy_file.read_strategy``).
+      strategy: the document of a strategy file (``toast.output.strategy_file.read_strategy_document``).
       devices: the devices to lay the mesh over (default: ``jax.devices()``, first N).
     """
     import jax
@@ -67,9 +67,9 @@ def sharded_jit(strategy: dict[str, Any] | str | Path, fn: Callable[..., Any], a
     import jax
 
     from toast.frontend.stablehlo import lower_callable, read_text
-    from toast.output.strategy_file import read_strategy
+    from toast.output.strategy_file import read_strategy_document
 
-    document = read_strategy(strategy)
+    document = read_strategy_document(strategy)
     program = read_text(lower_callable(fn, args), source=getattr(fn, "__name__", "fn"))
     if program.fingerprint() != document["fingerprint"]:
         raise ToastError(f"strategy file for another program (fingerprint {document['fingerprint']}, "

@@ -153,7 +153,7 @@ def schema_problem(document: Any, name: str) -> str:
     return f"{error.message}{where}"
 
 
-def read_strategy(source: str | Path | dict[str, Any]) -> dict[str, Any]:
+def read_strategy_document(source: str | Path | dict[str, Any]) -> dict[str, Any]:
     """A strategy document, checked: the file at ``source`` or a document already loaded. Every
     consumer (``toast validate``, ``sharded_jit``) reads strategies through this.
 

@@ -566,6 +566,16 @@ def _refine(space: ActionSpace, memo: _Memo, settings: SearchSettings, found: li
     return phase_best, chosen
 
 
+def _mesh_axes_of_phases(space: ActionSpace, settings: SearchSettings) -> list[str]:
+    """The mesh's axes; a ``ToastError`` when a phase names an axis the mesh lacks."""
+    mesh_axes = [axis for axis, _ in space.model.mesh.axes]
+    for phase in settings.phases:
+        unknown = sorted(set(phase.axes) - set(mesh_axes))
+        if unknown:
+            raise ToastError(f"search phase names mesh axis '{unknown[0]}'; the mesh has {', '.join(mesh_axes)}")
+    return mesh_axes
+
+
 def search(space: ActionSpace, costs: CostModel, *, settings: SearchSettings = DEFAULT_SETTINGS,
            progress: Callable[[RoundResult, int, float], None] | None = None) -> SearchResult:
     """Search for the sharding with the lowest cost.
@@ -581,11 +591,7 @@ def search(space: ActionSpace, costs: CostModel, *, settings: SearchSettings = D
     Raises:
       ToastError: a phase naming an axis the mesh lacks (the settings checked themselves when made).
     """
-    mesh_axes = [axis for axis, _ in space.model.mesh.axes]
-    for phase in settings.phases:
-        unknown = sorted(set(phase.axes) - set(mesh_axes))
-        if unknown:
-            raise ToastError(f"search phase names mesh axis '{unknown[0]}'; the mesh has {', '.join(mesh_axes)}")
+    mesh_axes = _mesh_axes_of_phases(space, settings)
     start = time.monotonic()
     memo = _Memo(costs, space)
     workers = settings.workers or min(os.cpu_count() or 1, settings.lanes)
