@@ -32,6 +32,7 @@ during the run.
 
 from __future__ import annotations
 
+import collections
 import gc
 import itertools
 import operator
@@ -188,9 +189,10 @@ def _pydatalog_session() -> Iterator[None]:
 
 
 class _Table:
-    """A pyDatalog predicate with a Python-side copy of its rows and per-column value sets.
+    """A pyDatalog predicate with a Python-side copy of its rows and per-column value counts.
 
-    The value sets give the planner exact distinct counts, updated incrementally. Either
+    The value counts give the planner exact distinct counts and how many rows hold a constant, updated
+    incrementally. Either
     all rows of a table are asserted into pyDatalog or none (relations no rule reads stay
     on the Python side only).
     """
@@ -200,7 +202,7 @@ class _Table:
         self.pred.prearity = arity
         pyEngine.insert(self.pred)
         self.rows: set[Row] = set()
-        self._columns: list[set[Value]] = [set() for _ in range(arity)]
+        self._columns: list[collections.Counter[Value]] = [collections.Counter() for _ in range(arity)]
         self._asserted = False
 
     def add(self, rows: Iterable[Row], assert_facts: bool) -> None:
@@ -211,7 +213,7 @@ class _Table:
             self.rows.add(row)
             # Rows have the table's arity (checked where they are made); strict= would slow this loop.
             for column, value in zip(self._columns, row):  # noqa: B905
-                column.add(value)
+                column[value] += 1
             if assert_facts:
                 pyEngine.assert_(self._fact(pred, row))
 
@@ -222,6 +224,10 @@ class _Table:
     def distinct(self, column: int) -> int:
         """Number of distinct values in ``column``."""
         return len(self._columns[column])
+
+    def holding(self, column: int, value: Value) -> int:
+        """Number of rows whose ``column`` is ``value``."""
+        return self._columns[column][value]
 
     def drop(self) -> None:
         """Retract the table's facts and remove its predicate from pyDatalog's database.
@@ -454,10 +460,13 @@ def _translate(clause: Clause, head_pred: Any, tables: Sequence[_Table | None]) 
     temporaries = (f"${n}" for n in itertools.count())
     goals: list[_Goal] = []
     head_args: list[Expr] = []
+    # The head's computed arguments go after the body's goals: among filters ready at once, the body's
+    # comparisons run first, so a value (an invariant's detail text) is computed only for the rows it is for.
+    head_goals: list[_Goal] = []
     for arg in clause.head.args:
         if isinstance(arg, (BinaryOp, Functor)):
             temporary = Variable(next(temporaries))
-            goals.append(_Compare("=", temporary, arg, clause.location))
+            head_goals.append(_Compare("=", temporary, arg, clause.location))
             arg = temporary
         head_args.append(arg)
     for literal, table in zip(clause.body, tables, strict=True):
@@ -474,7 +483,7 @@ def _translate(clause: Clause, head_pred: Any, tables: Sequence[_Table | None]) 
             args.append(arg)
         assert table is not None
         goals.append(_Positive(table, tuple(args)) if isinstance(literal, Atom) else _Negative(table, tuple(args)))
-    planned = _plan(goals)
+    planned = _plan(goals + head_goals)
     if planned is None:
         raise EngineError(f"{clause.location}: embedded engine cannot order the body of this rule")
     terms = _Terms()
@@ -543,9 +552,12 @@ def _binds_when_ready(goal: _Goal, bound: set[str]) -> set[str] | None:
 
 def _estimate(atom: _Positive, bound: set[str]) -> float:
     """Estimated matches of ``atom`` given ``bound`` (uniform, independent columns)."""
-    estimate = float(len(atom.table.rows))
+    rows = len(atom.table.rows)
+    estimate = float(rows)
     for column, arg in enumerate(atom.args):
-        if isinstance(arg, (NumberConst, StringConst)) or (isinstance(arg, Variable) and arg.name in bound):
+        if isinstance(arg, (NumberConst, StringConst)):  # the rows that hold it, not an average
+            estimate *= atom.table.holding(column, arg.value) / max(rows, 1)
+        elif isinstance(arg, Variable) and arg.name in bound:
             estimate /= max(atom.table.distinct(column), 1)
     return estimate
 
