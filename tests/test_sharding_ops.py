@@ -204,10 +204,13 @@ def test_reshard_and_gspmd_sharding_are_pins():
 
 def test_every_sdy_op_is_ruled():
     """Each op of the Shardy dialect the bindings know (but the module-level sdy.mesh) is named
-    in rules/ops/sharding.dl: a new sdy op fails here until it gets its semantics."""
+    in rules/ops/sharding.dl and has a kernel class: a new sdy op fails here until it gets its semantics."""
     from jaxlib.mlir.dialects import sdy
 
     rules = (resource_dir("rules") / "ops" / "sharding.dl").read_text()
     named = set(re.findall(r'(?:sharding_pass_through|ruled_kind)\("(sdy\.[a-z_]+)"\)', rules))
     kinds = {getattr(sdy, n).OPERATION_NAME for n in dir(sdy) if n.endswith("Op")} - {"sdy.mesh"}
     assert kinds and kinds <= named, sorted(kinds - named)
+    # ... and priced: each has a kernel class (the tables are by kind: any program's analysis holds them).
+    classified = set(analyze("toast.examples.mlp:mlp", engine="embedded").kernel_class)
+    assert kinds <= classified, sorted(kinds - classified)
