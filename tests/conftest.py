@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import atexit
 import functools
 import importlib.util
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from toast.datalog.souffle import souffle_binary
+
+# Tests analyze afresh (a cached analysis would hide an engine's time limit, or a rule file a test changed),
+# and never touch the user's cache: tests/test_analysis_cache.py turns it on in a folder of its own.
+os.environ["TOAST_NO_CACHE"] = "1"
+os.environ["TOAST_CACHE_DIR"] = tempfile.mkdtemp(prefix="toast-test-cache-")
+atexit.register(shutil.rmtree, os.environ["TOAST_CACHE_DIR"], ignore_errors=True)
 
 
 def _load_goldens():

@@ -34,8 +34,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.sparse import coo_matrix
-from scipy.sparse.csgraph import connected_components
 
 from toast.facts.numbering import DimensionNames
 from toast.frontend.ir import TERMINATORS, Program
@@ -210,6 +208,10 @@ class NodeGraph:
 
 def _crossed(sources: list[int], targets: list[int], boxes: Sequence[tuple[int, int, int, int]]) -> list[bool]:
     """Box crossing on the graph of edges ``sources[k] -> targets[k]`` (see ``crossed``)."""
+    # Imported here: scipy.sparse takes 0.2 s to import, which a cached analysis never needs.
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
     nodes = sorted(set(sources) | set(targets) | {n for box in boxes for n in box})
     index = {node: k for k, node in enumerate(nodes)}
     source_ids = [index[s] for s in sources]

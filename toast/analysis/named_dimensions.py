@@ -11,12 +11,13 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from toast.analysis import cache as analysis_cache
 from toast.analysis.classes import union_find
 from toast.analysis.conflicts import Conflicts, build_conflicts, conflict_facts
 from toast.analysis.kernel_semantics import KernelSemantics, kernel_semantics
@@ -27,8 +28,9 @@ from toast.facts.numbering import DimensionNames
 from toast.facts.schema import CONFLICTS, NDA
 from toast.facts.writer import program_facts
 from toast.frontend.ir import Program
-from toast.frontend.loading import load_program
-from toast.resources import project_root
+from toast.frontend.loading import load_program_text
+from toast.frontend.stablehlo import read_text
+from toast.resources import project_root, resource_dir
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,6 +232,7 @@ def analyze(
     keep: str | Path | None = None,
     timeout_s: float = 600.0,
     factory_arguments: Mapping[str, Any] | None = None,
+    cache: bool = True,
 ) -> Analysis:
     """Run the named-dimension analysis.
 
@@ -243,23 +246,39 @@ def analyze(
       keep: directory that keeps the facts, the assembled program and the engine outputs.
       timeout_s: limit for the Datalog engine, in seconds.
       factory_arguments: keyword arguments for a ``module:function`` factory (``layers=12``).
+      cache: find the analysis in the analysis cache (``toast.analysis.cache``) and keep it there; not with
+        ``keep`` or a ``Program`` built by hand (no text), nor when ``$TOAST_NO_CACHE`` is set.
     """
     chosen = pick_engine(engine)
     timings: dict[str, float] = {}
     start = time.perf_counter()
-    program = source if isinstance(source, Program) else load_program(
-        source, args=args, fn=fn, factory_arguments=factory_arguments)
-    timings["read"] = time.perf_counter() - start
-
-    start = time.perf_counter()
-    facts, names = program_facts(program)
-    timings["facts"] = time.perf_counter() - start
-
     chosen_variant = load_variant(variant)
     user_rules = Path(rules) if rules is not None else None
     keep_dir = Path(keep) if keep else None
     assembled = assemble(chosen_variant, user_rules=user_rules, stage=NDA)
     conflict_program = assemble(chosen_variant, user_rules=user_rules, stage=CONFLICTS)
+    if isinstance(source, Program):
+        program: Program | None = source
+        text, name = source.text, source.name
+    else:
+        program = None
+        text, name = load_program_text(source, args=args, fn=fn, factory_arguments=factory_arguments)
+    key = None
+    if cache and keep_dir is None and text and analysis_cache.enabled():
+        key = analysis_cache.analysis_key(
+            text=text, name=name, rule_files=_rule_files(user_rules), variant=chosen_variant, engine=chosen,
+            extra=(assembled.text, conflict_program.text, "program" if program is not None else "source"))
+        cached = analysis_cache.load(key)
+        if isinstance(cached, Analysis):
+            seconds = {"read": round(time.perf_counter() - start, 4)}
+            return replace(cached, stats={**cached.stats, "seconds": seconds, "cache": "hit"})
+    if program is None:
+        program = read_text(text, source=name)
+    timings["read"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    facts, names = program_facts(program)
+    timings["facts"] = time.perf_counter() - start
     start = time.perf_counter()
     outputs = evaluate(assembled.text, facts, NDA.outputs, engine=chosen, keep=keep_dir, timeout_s=timeout_s)
     timings["datalog"] = time.perf_counter() - start
@@ -277,12 +296,22 @@ def analyze(
                                 conflict_outputs, layer_heuristic=chosen_variant.layer_heuristic)
     timings["conflicts"] = time.perf_counter() - start
 
-    return _build(program, names, outputs, classes, conflicts, run_stats={
+    analysis = _build(program, names, outputs, classes, conflicts, run_stats={
         "engine": chosen,
         "variant": assembled.variant.name,
         "seconds": {k: round(v, 4) for k, v in timings.items()},
         "facts": sum(len(rows) for rows in facts.values()),
+        "cache": "miss" if key is not None else "off",
     })
+    if key is not None:
+        analysis_cache.store(key, analysis)
+    return analysis
+
+
+def _rule_files(user_rules: Path | None) -> list[Path]:
+    """Every ``.dl`` file an analysis may read: the package's rules and a ``--rules`` folder's."""
+    folders = [resource_dir("rules")] + ([user_rules] if user_rules is not None and user_rules.is_dir() else [])
+    return [path for folder in folders for path in folder.rglob("*.dl")]
 
 
 @functools.lru_cache(maxsize=256)

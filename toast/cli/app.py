@@ -72,11 +72,13 @@ def _run(command: Command, options: argparse.Namespace) -> int:
     variants = _variants(options)
     if len(variants) > 1:
         analyses = [analyze(options.input, engine=options.engine, rules=options.rules, variant=variant,
-                            timeout_s=options.timeout, factory_arguments=factory_arguments) for variant in variants]
+                            timeout_s=options.timeout, factory_arguments=factory_arguments, cache=options.cache)
+                    for variant in variants]
         print(variant_table(analyses), end="")
         return 0
     analysis = analyze(options.input, engine=options.engine, rules=options.rules, variant=variants[0],
-                       keep=options.keep, timeout_s=options.timeout, factory_arguments=factory_arguments)
+                       keep=options.keep, timeout_s=options.timeout, factory_arguments=factory_arguments,
+                       cache=options.cache)
     return command.run(options, analysis, plan)
 
 

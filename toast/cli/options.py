@@ -71,6 +71,8 @@ def add_analysis_options(parser: argparse.ArgumentParser) -> None:
                         help="analysis variant (rules/variants/NAME.toml) or TOML path (default: default); "
                         "`toast analyze` takes several and prints them side by side")
     parser.add_argument("--keep", metavar="DIR", help="keep facts, assembled program and engine outputs in DIR")
+    parser.add_argument("--no-cache", dest="cache", action="store_false",
+                        help="analyze afresh: neither read nor write the analysis cache (~/.cache/toast/analyses)")
     parser.add_argument("--timeout", type=positive_seconds, default=600.0, metavar="S",
                         help="engine time limit, seconds")
     parser.add_argument("--arg", action="append", default=[], metavar="NAME=VALUE",

@@ -89,10 +89,18 @@ def load_program(source: str, *, args: Sequence[Any] | None = None, fn: Callable
     """Read ``source``: a ``.mlir`` file, ``module:function[?NAME=VALUE&...]`` naming a factory
     (called with those keyword arguments and ``factory_arguments``), or ``fn``+``args``
     (``source`` is then only the program's label)."""
+    text, name = load_program_text(source, args=args, fn=fn, factory_arguments=factory_arguments)
+    return stablehlo.read_text(text, source=name)
+
+
+def load_program_text(source: str, *, args: Sequence[Any] | None = None, fn: Callable[..., Any] | None = None,
+                      factory_arguments: Mapping[str, Any] | None = None) -> tuple[str, str]:
+    """``load_program``'s first half: the StableHLO text of ``source`` (a file's, or lowered with
+    ``jax.jit``) and the name to read it under, ``(text, name)``; nothing is parsed yet."""
     if fn is not None:
-        return stablehlo.read_callable(fn, args or (), name=source)
+        return _lowered(fn, args or (), source), source or getattr(fn, "__name__", "fn")
     if source.endswith(".mlir") or Path(source).is_file():
-        return stablehlo.read_file(source)
+        return stablehlo.file_text(source), source
     if ":" not in source:
         raise InputError(f"{source}: not a .mlir file and not module:function")
     spec, _, query = source.partition("?")
@@ -105,10 +113,15 @@ def load_program(source: str, *, args: Sequence[Any] | None = None, fn: Callable
     if not (isinstance(made, tuple) and len(made) == 2 and callable(made[0])):
         raise InputError(f"{source}: the factory must return (function, example_arguments)")
     function, example_args = made
+    return _lowered(function, tuple(example_args), source), source
+
+
+def _lowered(function: Callable[..., Any], example_args: Sequence[Any], source: str) -> str:
+    """``stablehlo.lower_callable``, a JAX tracing error in the user's function as one line."""
     try:
-        return stablehlo.read_callable(function, tuple(example_args), name=source)
+        return stablehlo.lower_callable(function, example_args)
     except ToastError:
         raise
-    except Exception as err:  # a JAX tracing error in the user's function
+    except Exception as err:
         raise InputError(f"{source}: lowering with jax.jit failed: {type(err).__name__}: "
                          f"{str(err).splitlines()[0]}") from None

@@ -59,19 +59,23 @@ MLIR_BYTECODE_MAGIC = b"ML\xefR"
 def read_file(path: str | os.PathLike[str]) -> Program:
     """Read a StableHLO ``.mlir`` file: text, MLIR bytecode, or a StableHLO portable artifact
     (the VHLO bytecode ``jax.export`` and ``stablehlo.serialize_portable_artifact`` write)."""
+    return read_text(file_text(path), source=str(path))
+
+
+def file_text(path: str | os.PathLike[str]) -> str:
+    """The StableHLO text of a ``.mlir`` file (``read_file``'s inputs; bytecode is printed as text)."""
     path = Path(path)
     try:
         data = path.read_bytes()
     except OSError as err:
         raise InputError(f"{path}: cannot read: {err.strerror}") from None
     if data.startswith(MLIR_BYTECODE_MAGIC):
-        return read_text(_bytecode_text(data, source=str(path)), source=str(path))
+        return _bytecode_text(data, source=str(path))
     try:
-        text = data.decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise InputError(f"{path}: neither StableHLO text nor MLIR bytecode (byte {err.start} is not UTF-8 "
                          "and the file does not start with the bytecode header)") from None
-    return read_text(text, source=str(path))
 
 
 # Seconds a child process that reads a suspect input (``_in_child``) may take.
