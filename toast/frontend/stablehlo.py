@@ -281,6 +281,9 @@ _LIBRARY_DIRS = ("site-packages", "dist-packages")
 
 _TOAST_DIR = str(Path(__file__).resolve().parent.parent)
 _EXAMPLES_DIR = os.path.join(_TOAST_DIR, "examples")
+# Python's own library, once: sysconfig.get_paths() expands its install scheme each call (0.1 ms; it was
+# most of the time of reading a program whose locations carry tens of thousands of frames).
+_STDLIB_DIR = sysconfig.get_paths()["stdlib"]
 
 
 def _library_frame(frame: str) -> bool:
@@ -292,7 +295,7 @@ def _library_frame(frame: str) -> bool:
         return True
     if path.startswith(_TOAST_DIR + os.sep) and not path.startswith(_EXAMPLES_DIR + os.sep):
         return True
-    return path.startswith(sysconfig.get_paths()["stdlib"] + os.sep)
+    return path.startswith(_STDLIB_DIR + os.sep)
 
 
 def _name_of_location(location: Any) -> str:
