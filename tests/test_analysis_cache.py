@@ -8,6 +8,10 @@ each test analyzes from one line, in a loop.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -96,3 +100,18 @@ def test_no_cache_reads_and_writes_nothing(cache_on, capsys):
         assert main(["analyze", MLP, "--engine", "embedded"]) == 0
     assert len(_entries(cache_on)) == 1
     assert "read from the cache" in capsys.readouterr().out
+
+
+def test_processes_analyzing_at_once_share_one_entry(cache_on):
+    """Four processes (as a sweep's workers) analyze one program at once: every one succeeds, and they leave
+    one whole entry, which a fifth reads back."""
+    command = [sys.executable, "-m", "toast", "analyze", MLP, "--engine", "embedded"]
+    env = {**os.environ}
+    runs = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(4)]
+    assert [run.wait(timeout=120) for run in runs] == [0, 0, 0, 0]
+    for run in runs:
+        run.stdout.close()
+        run.stderr.close()
+    assert len(_entries(cache_on)) == 1 and not list(cache_on.glob("*.tmp"))
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "read from the cache" in done.stdout
