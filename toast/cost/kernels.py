@@ -2,7 +2,10 @@
 
 An accelerator does not run StableHLO ops one by one: XLA groups them into kernels, and a kernel's cost is
 the bytes it reads and writes at its boundary (plus its FLOPs, for library calls), not the sum over its ops.
-This module builds, once per program, the static plan the cost model prices per sharding state:
+This module builds, once per program, the static plan the cost model prices per sharding state. Which ops are
+views, library calls, reductions, ... is not decided here: each op family's rule file gives its kinds a
+``kernel_class`` and the mechanics rows (``Analysis.kernel_semantics``); the ops named below are the bundled
+rows. An op of no class (an ``unpriced_op``) runs as a library call.
 
 - **Views.** ``reshape``, ``get_tuple_element``, ``tuple``, ``optimization_barrier``, sharding annotations and
   inlined calls move no data: a value they make is the same buffer as their operand (its *root*). A loop's
