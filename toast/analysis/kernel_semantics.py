@@ -18,16 +18,13 @@ from toast.frontend.ir import Op
 # by the bytes it reads and writes.
 UNPRICED_CLASS = "library"
 
-KERNEL_CLASSES = frozenset({"view", "inline", "loop", "branch", "terminator", "matmul", "library", "reduction",
-                            "scatter", "cheap", "fusible"})
-
 
 @dataclass(frozen=True, slots=True)
 class KernelSemantics:
     """The rules' kernel tables (rules/schema.dl), by op kind.
 
     Attributes:
-      kernel_class: ``kind -> class`` (``KERNEL_CLASSES``), rules' ``kernel_class``.
+      kernel_class: ``kind -> class``, rules' ``kernel_class`` (the classes: ``known_kernel_class`` in rules/nda.dl).
       custom_call_class: ``call_target_name -> class`` for ``stablehlo.custom_call``.
       in_place_update: ``kind -> (target operand, update operand)``: the result is the target's buffer.
       touched_operand: ``(kind, operand)`` pairs read only where the op's result comes from.

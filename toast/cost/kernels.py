@@ -100,7 +100,8 @@ class KernelPlan:
 
     Attributes:
       program: the program.
-      op_class: per op id, its kernel class (``KERNEL_CLASSES``; ``"library"`` for an unpriced op).
+      op_class: per op id, its kernel class (rules/nda.dl's ``known_kernel_class``; ``"library"`` for an unpriced
+        op).
       root: ``int64[values]``, the value whose buffer each value is (itself unless a view).
       kernels: every kernel, in launch order.
       kernel_of_op: ``int64[ops]``, the kernel running each op (``-1``: views, control, cheap producers
