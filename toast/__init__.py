@@ -52,18 +52,12 @@ if TYPE_CHECKING:
     from toast.errors import EngineError, InputError, RuleError, ToastError
     from toast.evaluation import CompareResult, compare, load_sweep, sweep
     from toast.frontend import Program, load_program, read_callable, read_file, read_text
-    from toast.output import (
-        Strategy,
-        autoshard,
-        dimension_graph_dot,
-        load_strategy,
-        sharded_jit,
-        sharded_module_text,
-        strategy_json,
-        strategy_state,
-        summary,
-        to_json,
-    )
+    from toast.output.autoshard import Strategy, autoshard, load_strategy
+    from toast.output.dimension_graph import dimension_graph_dot
+    from toast.output.report import summary, to_json
+    from toast.output.sharded_jit import sharded_jit
+    from toast.output.sharded_stablehlo import sharded_module_text
+    from toast.output.strategy_file import strategy_json, strategy_state
     from toast.search import ActionSpace, Phase, SearchSettings
     from toast.sharding import (
         COMPOSITES,
@@ -121,16 +115,16 @@ _SOURCES: dict[str, str] = {
     "read_callable": "toast.frontend",
     "read_file": "toast.frontend",
     "read_text": "toast.frontend",
-    "Strategy": "toast.output",
-    "autoshard": "toast.output",
-    "dimension_graph_dot": "toast.output",
-    "load_strategy": "toast.output",
-    "sharded_jit": "toast.output",
-    "sharded_module_text": "toast.output",
-    "strategy_json": "toast.output",
-    "strategy_state": "toast.output",
-    "summary": "toast.output",
-    "to_json": "toast.output",
+    "Strategy": "toast.output.autoshard",
+    "autoshard": "toast.output.autoshard",
+    "dimension_graph_dot": "toast.output.dimension_graph",
+    "load_strategy": "toast.output.autoshard",
+    "sharded_jit": "toast.output.sharded_jit",
+    "sharded_module_text": "toast.output.sharded_stablehlo",
+    "strategy_json": "toast.output.strategy_file",
+    "strategy_state": "toast.output.strategy_file",
+    "summary": "toast.output.report",
+    "to_json": "toast.output.report",
     "ActionSpace": "toast.search",
     "Phase": "toast.search",
     "SearchSettings": "toast.search",
