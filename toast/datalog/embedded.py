@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import collections
 import gc
+import inspect
 import itertools
 import operator
 import os
@@ -125,6 +126,9 @@ def _input_rows(program: Program, name: str, rows: Iterable[Sequence[Any]]) -> s
         raise EngineError(f"embedded engine: facts given for undeclared relation '{name}'")
     if name not in program.inputs:
         raise EngineError(f"embedded engine: facts given for '{name}', which is not an .input relation")
+    rows = rows if isinstance(rows, (list, tuple)) else list(rows)
+    if _plain_rows(decl, rows):
+        return set(map(tuple, rows))
     converters = [_converter(decl, index) for index in range(decl.arity)]
     converted: set[Row] = set()
     for row in rows:
@@ -138,6 +142,29 @@ def _input_rows(program: Program, name: str, rows: Iterable[Sequence[Any]]) -> s
         except (TypeError, ValueError) as err:
             raise EngineError(f"embedded engine: row {tuple(row)!r} of '{name}': {err}") from None
     return converted
+
+
+def _plain_rows(decl: RelationDecl, rows: Sequence[Sequence[Any]]) -> bool:
+    """Whether ``rows`` have the arity and each column plain values of its type, in range.
+
+    Checked a column at a time (the common case, facts made by toast); anything else goes through
+    the converters, which name the offending row.
+    """
+    if not rows:
+        return True
+    if {len(row) for row in rows} != {decl.arity}:
+        return False
+    for attribute, values in zip(decl.attributes, zip(*rows)):  # noqa: B905 (arity checked above)
+        if attribute.base == "symbol":
+            if {type(value) for value in values} != {str}:
+                return False
+            continue
+        if {type(value) for value in values} != {int}:
+            return False
+        low, high = (_NUMBER_MIN, _NUMBER_MAX) if attribute.base == "number" else (0, _UNSIGNED_MAX)
+        if not (low <= min(values) and max(values) <= high):
+            return False
+    return True
 
 
 def _converter(decl: RelationDecl, index: int) -> Callable[[Any], Value]:
@@ -189,57 +216,134 @@ def _pydatalog_session() -> Iterator[None]:
 
 
 class _Table:
-    """A pyDatalog predicate with a Python-side copy of its rows and per-column value counts.
+    """A relation's rows, read by pyDatalog through a Python resolver, with per-column value counts.
 
-    The value counts give the planner exact distinct counts and how many rows hold a constant, updated
-    incrementally. Either
-    all rows of a table are asserted into pyDatalog or none (relations no rule reads stay
-    on the Python side only).
+    pyDatalog asks a resolver for the rows matching a literal's constants (its documented
+    ``pyDatalog.predicate()`` hook); the table answers from hash indexes built on first use of each
+    pattern of bound columns and kept up to date as rows are added. Asserting the rows as pyDatalog
+    facts instead costs an index update per column and row on the way in, a retraction per row on
+    the way out (to free them without the cyclic collector), and a clause renaming and unification
+    per row read: about as much time again as the rule bodies themselves.
+
+    The value counts give the planner exact distinct counts and how many rows hold a constant.
     """
 
-    def __init__(self, name: str, arity: int) -> None:
+    def __init__(self, name: str, arity: int, constants: dict[Value, Any]) -> None:
         self.pred = pyEngine.Pred(name, arity)
         self.pred.prearity = arity
-        pyEngine.insert(self.pred)
         self.rows: set[Row] = set()
-        self._columns: list[collections.Counter[Value]] = [collections.Counter() for _ in range(arity)]
-        self._asserted = False
+        # Made on first use (most tables are never read by a rule, or not by the planner) and kept up to date.
+        self._columns: list[collections.Counter[Value]] | None = None
+        self._terms: list[tuple[Any, ...]] | None = None
+        # Per pattern of bound columns: a function of a row's key (its bound values: one value, or a tuple
+        # of several) and the index from keys to rows.
+        self._indexes: list[tuple[Callable[[tuple[Any, ...]], Any], dict[Any, list[tuple[Any, ...]]]]] = []
+        # Per tuple of the types of the terms pyDatalog asks with: the function answering it.
+        self._lookups: dict[tuple[type, ...], Callable[[tuple[Any, ...]], Sequence[tuple[Any, ...]]]] = {}
+        # One pyDatalog constant per value, shared by every table of a run: pyDatalog compares the
+        # constants a literal's repeated variable meets by identity.
+        self._constants = constants
+        lookups = self._lookups
 
-    def add(self, rows: Iterable[Row], assert_facts: bool) -> None:
-        """Add ``rows`` (not yet present) to the table and, if asked, to pyDatalog."""
-        pred = self.pred
-        self._asserted |= assert_facts
-        for row in rows:
-            self.rows.add(row)
-            # Rows have the table's arity (checked where they are made); strict= would slow this loop.
-            for column, value in zip(self._columns, row):  # noqa: B905
-                column[value] += 1
-            if assert_facts:
-                pyEngine.assert_(self._fact(pred, row))
+        def matching(*terms: Any) -> Sequence[tuple[Any, ...]]:
+            lookup = lookups.get(tuple(map(type, terms)))
+            return (lookup or self._lookup(terms))(terms)
 
-    @staticmethod
-    def _fact(pred: Any, row: Row) -> Any:
-        return pyEngine.Clause(pyEngine.Literal(pred, [pyEngine.Const(value) for value in row]), [])
+        pyDatalog.predicate()(_resolver(self.pred.name, arity, matching))
+
+    def add(self, rows: Iterable[Row]) -> None:
+        """Add ``rows`` (not yet present) to the table."""
+        rows = list(rows)
+        self.rows.update(rows)
+        if self._columns is not None:
+            for counter, values in zip(self._columns, zip(*rows)):  # noqa: B905 (no rows: nothing to count)
+                counter.update(values)
+        if self._terms is not None:
+            added = self._as_terms(rows)
+            self._terms.extend(added)
+            for key_of, index in self._indexes:
+                for terms in added:
+                    index.setdefault(key_of(terms), []).append(terms)
+
+    def _as_terms(self, rows: Iterable[Row]) -> list[tuple[Any, ...]]:
+        constants = self._constants
+        make = pyEngine.Const
+        return [
+            tuple([constants.get(value) or constants.setdefault(value, make(value)) for value in row]) for row in rows
+        ]
+
+    def _lookup(self, terms: tuple[Any, ...]) -> Callable[[tuple[Any, ...]], Sequence[tuple[Any, ...]]]:
+        """The function answering queries whose terms have the types of ``terms`` (an index made for it)."""
+        if self._terms is None:
+            self._terms = self._as_terms(self.rows)
+        bound = [column for column, term in enumerate(terms) if isinstance(term, pyEngine.Const)]
+        everything = self._terms
+        if not bound:
+
+            def lookup(terms: tuple[Any, ...]) -> Sequence[tuple[Any, ...]]:
+                return everything
+
+        else:
+            index: dict[Any, list[tuple[Any, ...]]] = {}
+            if len(bound) == 1:
+                (column,) = bound
+
+                def key_of(terms: tuple[Any, ...]) -> Any:
+                    return terms[column].id
+
+            else:
+
+                def key_of(terms: tuple[Any, ...]) -> Any:
+                    return tuple([terms[column].id for column in bound])
+
+            for terms_of_row in everything:
+                index.setdefault(key_of(terms_of_row), []).append(terms_of_row)
+            self._indexes.append((key_of, index))
+            find = index.get
+
+            def lookup(terms: tuple[Any, ...]) -> Sequence[tuple[Any, ...]]:
+                return find(key_of(terms), ())
+
+        self._lookups[tuple(map(type, terms))] = lookup
+        return lookup
+
+    def _counts(self) -> list[collections.Counter[Value]]:
+        if self._columns is None:
+            self._columns = [collections.Counter(values) for values in zip(*self.rows, strict=True)] or [
+                collections.Counter() for _ in range(self.pred.arity)
+            ]
+        return self._columns
 
     def distinct(self, column: int) -> int:
         """Number of distinct values in ``column``."""
-        return len(self._columns[column])
+        return len(self._counts()[column])
 
     def holding(self, column: int, value: Value) -> int:
         """Number of rows whose ``column`` is ``value``."""
-        return self._columns[column][value]
+        return self._counts()[column][value]
 
     def drop(self) -> None:
-        """Retract the table's facts and remove its predicate from pyDatalog's database.
-
-        pyDatalog's fact store and its facts reference each other; without the retraction
-        only the cyclic garbage collector could free them, which takes 2-3 times longer.
-        """
-        if self._asserted:
-            pred = self.pred
-            for row in self.rows:
-                pyEngine.retract(self._fact(pred, row))
+        """Forget the table's resolver."""
+        pyEngine.Python_resolvers.pop(self.pred.id, None)
         pyEngine.remove(self.pred)
+
+
+def _resolver(name: str, arity: int, matching: Callable[..., Sequence[tuple[Any, ...]]]) -> Callable[..., Any]:
+    """``matching`` as a pyDatalog resolver of predicate ``name``/``arity``.
+
+    pyDatalog names a resolver by its function's name and counts its parameters; the signature says
+    how many there are.
+    """
+
+    def resolve(*terms: Any) -> Sequence[tuple[Any, ...]]:
+        return matching(*terms)
+
+    resolve.__name__ = name
+    parameter = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    resolve.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter(f"a{column}", parameter) for column in range(arity)]
+    )
+    return resolve
 
 
 # ---------------------------------------------------------------------------------------------
@@ -256,14 +360,8 @@ class _Evaluation:
     def __init__(self, program: Program, wanted: Sequence[str]) -> None:
         self._program = program
         self._counter = itertools.count()
+        self._constants: dict[Value, Any] = {}
         self._needed = _needed_relations(program, wanted)
-        self._consumed = {
-            (literal if isinstance(literal, Atom) else literal.atom).relation
-            for clause in program.clauses
-            if clause.head.relation in self._needed
-            for literal in clause.body
-            if not isinstance(literal, Constraint)
-        }
         self._tables = {name: self._new_table(name) for name in program.relations if name in self._needed}
 
     def _new_table(self, relation: str, role: str = "") -> _Table:
@@ -273,7 +371,8 @@ class _Evaluation:
         pyDatalog names are made up: ``t<n>_<role><relation with other characters as _>``.
         """
         safe = re.sub(r"[^A-Za-z0-9_]", "_", relation)
-        return _Table(f"t{next(self._counter)}_{role}{safe}", self._program.relations[relation].arity)
+        arity = self._program.relations[relation].arity
+        return _Table(f"t{next(self._counter)}_{role}{safe}", arity, self._constants)
 
     def rows(self, relation: str) -> set[Row]:
         """All tuples of ``relation``."""
@@ -297,7 +396,7 @@ class _Evaluation:
             else:
                 rules.setdefault(relation, []).append(clause)
         for relation, rows in initial.items():
-            self._tables[relation].add(rows, relation in self._consumed)
+            self._tables[relation].add(rows)
         for stratum in self._program.strata:
             if stratum[0] not in self._needed:
                 continue
@@ -309,7 +408,7 @@ class _Evaluation:
                 (relation,) = stratum
                 if clauses:
                     derived = self._derive(relation, [(clause, {}) for clause in clauses])
-                    self._tables[relation].add(derived - self.rows(relation), relation in self._consumed)
+                    self._tables[relation].add(derived - self.rows(relation))
 
     def _fixpoint(self, stratum: Sequence[str], clauses: Sequence[Clause]) -> None:
         """Semi-naive evaluation of a recursive stratum; pyDatalog evaluates every rule body."""
@@ -319,14 +418,14 @@ class _Evaluation:
                 (c, {}) for c in clauses if c.head.relation == relation and not _recursive_atoms(c, members)
             ]
             if exits:
-                self._tables[relation].add(self._derive(relation, exits) - self.rows(relation), True)
+                self._tables[relation].add(self._derive(relation, exits) - self.rows(relation))
         delta = {relation: set(self.rows(relation)) for relation in stratum}
         while any(delta.values()):
             delta_tables: dict[str, _Table] = {}
             for relation, rows in delta.items():
                 if rows:
                     delta_tables[relation] = self._new_table(relation, "delta_")
-                    delta_tables[relation].add(rows, True)
+                    delta_tables[relation].add(rows)
             new: dict[str, set[Row]] = {}
             for relation in stratum:
                 variants = [
@@ -340,7 +439,7 @@ class _Evaluation:
             for table in delta_tables.values():
                 table.drop()
             for relation, rows in new.items():
-                self._tables[relation].add(rows, True)
+                self._tables[relation].add(rows)
             delta = new
 
     def _derive(self, relation: str, rules: Sequence[_Rule]) -> set[Row]:
@@ -349,7 +448,22 @@ class _Evaluation:
         Each rule comes with overrides: body positions whose atom reads another table
         (a semi-naive delta) instead of the relation's own.
         """
-        target = self._new_table(relation, "new_")
+        arity = self._program.relations[relation].arity
+        derived: set[Row] = set()
+        joins: list[_Rule] = []
+        for clause, overrides in rules:
+            copied = _copy(clause, overrides.get(0, self._tables.get(_first_relation(clause))))
+            if copied is None:
+                joins.append((clause, overrides))
+            else:
+                derived |= copied
+        if not joins:
+            return derived
+        rules = joins
+        # The rules' head: a predicate of pyDatalog's own, defined by the clauses (a table's resolver would
+        # shadow them).
+        target = pyEngine.Pred(f"t{next(self._counter)}_new_{re.sub(r'[^A-Za-z0-9_]', '_', relation)}", arity)
+        target.prearity = arity
         for clause, overrides in rules:
             tables: list[_Table | None] = []
             for position, literal in enumerate(clause.body):
@@ -358,9 +472,8 @@ class _Evaluation:
                 else:
                     atom = literal if isinstance(literal, Atom) else literal.atom
                     tables.append(overrides.get(position, self._tables[atom.relation]))
-            pyEngine.assert_(_translate(clause, target.pred, tables))
-        arity = self._program.relations[relation].arity
-        query = pyEngine.Literal(target.pred, [pyEngine.Var(f"$q{i}") for i in range(arity)])
+            pyEngine.assert_(_translate(clause, target, tables))
+        query = pyEngine.Literal(target, [pyEngine.Var(f"$q{i}") for i in range(arity)])
         try:
             answers = query.ask()
         except _DivisionByZero as fault:
@@ -368,10 +481,52 @@ class _Evaluation:
         except Exception as err:  # pyDatalog signals its failures with assorted exception types
             raise EngineError(f"embedded engine failed while evaluating '{relation}': {err}") from err
         finally:
-            target.drop()
+            pyEngine.remove(target)
         if answers is True:
-            return {()}
-        return set(answers or ())
+            return derived | {()}
+        return derived.union(answers or ())
+
+
+def _first_relation(clause: Clause) -> str:
+    literal = clause.body[0] if clause.body else None
+    return literal.relation if isinstance(literal, Atom) else ""
+
+
+def _copy(clause: Clause, table: _Table | None) -> set[Row] | None:
+    """What ``clause`` derives if it only copies columns of ``table``, else None.
+
+    Such a rule (one positive atom; each of its arguments a variable of its own, a wildcard or a
+    constant the row must hold; a head of those variables and constants) is a selection and a
+    projection: Python copies the rows. pyDatalog would spend as much on each row as on a step of a
+    join (a unification and a tabled answer, about 9 us).
+    """
+    if table is None or len(clause.body) != 1 or not isinstance(clause.body[0], Atom):
+        return None
+    columns: dict[str, int] = {}
+    wanted: list[tuple[int, Value]] = []
+    for column, arg in enumerate(clause.body[0].args):
+        if isinstance(arg, Variable):
+            if arg.name in columns:
+                return None
+            columns[arg.name] = column
+        elif isinstance(arg, (NumberConst, StringConst)):
+            wanted.append((column, arg.value))
+        elif not isinstance(arg, Wildcard):
+            return None
+    head: list[tuple[bool, Any]] = []  # (from the row, its column) or (a constant, its value)
+    for arg in clause.head.args:
+        if isinstance(arg, Variable) and arg.name in columns:
+            head.append((True, columns[arg.name]))
+        elif isinstance(arg, (NumberConst, StringConst)):
+            head.append((False, arg.value))
+        else:
+            return None
+    rows: Iterable[Row] = table.rows
+    if wanted:
+        rows = [row for row in rows if all(row[column] == value for column, value in wanted)]
+    if len(head) > 1 and all(from_row for from_row, _ in head):
+        return set(map(operator.itemgetter(*[column for _, column in head]), rows))
+    return {tuple([row[item] if from_row else item for from_row, item in head]) for row in rows}
 
 
 def _needed_relations(program: Program, wanted: Sequence[str]) -> set[str]:
@@ -495,7 +650,8 @@ def _translate(clause: Clause, head_pred: Any, tables: Sequence[_Table | None]) 
 def _plan(goals: Sequence[_Goal]) -> list[_Goal] | None:
     """Order ``goals`` for left-to-right evaluation.
 
-    Filters (comparisons, negations) go as early as their variables are bound; among the
+    Filters (comparisons, negations) go as early as their variables are bound (negations after
+    the atoms expected to match at most one row, which filter more cheaply); among the
     positive atoms the one with the smallest estimated number of matches for the variables
     bound so far goes next. None if some filter never gets its variables bound (the parser's
     grounding check rules that out).
@@ -508,7 +664,12 @@ def _plan(goals: Sequence[_Goal]) -> list[_Goal] | None:
         placed = True
         while placed:
             placed = False
+            # A negation is a whole subgoal for pyDatalog, a lookup that matches at most one row about
+            # as cheap and may filter as well: the lookups go first.
+            lookups_left = any(_estimate(atom, bound) <= 1 for atom in atoms)
             for goal in list(filters):
+                if lookups_left and isinstance(goal, _Negative):
+                    continue
                 binds = _binds_when_ready(goal, bound)
                 if binds is not None:
                     ordered.append(goal)

@@ -14,6 +14,7 @@ regions are kept as nested ops whose block arguments and terminators the rules c
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import sysconfig
 from collections.abc import Callable, Sequence
@@ -260,20 +261,22 @@ def python_location(location: Any) -> str:
     frame is a library's, the innermost.
     """
     _load_ir()
-    frames: list[str] = []
+    innermost = ""
     pending = [location]
     while pending:
         loc = pending.pop()
         if isinstance(loc, ir.FileLineColLoc):
-            frames.append(f"{loc.filename}:{loc.start_line}")
+            filename = loc.filename
+            if not _library_file(filename):
+                return f"{filename}:{loc.start_line}"
+            innermost = innermost or f"{filename}:{loc.start_line}"
         elif isinstance(loc, ir.NameLoc):
             pending.append(loc.child_loc)
         elif isinstance(loc, ir.CallSiteLoc):
             pending.extend((loc.caller, loc.callee))  # the callee (inner) is taken first
         elif isinstance(loc, ir.FusedLoc):
             pending.extend(reversed(list(loc.locations)))
-    users = [frame for frame in frames if not _library_frame(frame)]
-    return users[0] if users else frames[0] if frames else ""
+    return innermost
 
 
 _LIBRARY_DIRS = ("site-packages", "dist-packages")
@@ -286,10 +289,10 @@ _EXAMPLES_DIR = os.path.join(_TOAST_DIR, "examples")
 _STDLIB_DIR = sysconfig.get_paths()["stdlib"]
 
 
-def _library_frame(frame: str) -> bool:
-    """Whether ``file:line`` is in an installed library, Python's own library or toast (which lowers the
+@functools.lru_cache(maxsize=4096)
+def _library_file(path: str) -> bool:
+    """Whether ``path`` is in an installed library, Python's own library or toast (which lowers the
     program: its bundled examples excepted), not the user's code."""
-    path = frame.rpartition(":")[0]
     parts = path.replace("\\", "/").split("/")
     if any(part in _LIBRARY_DIRS for part in parts):
         return True
