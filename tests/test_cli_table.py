@@ -62,7 +62,7 @@ def _cases() -> list[Case]:
         Case("truncated MLIR bytecode", COMMANDS, False, "truncated.mlir", input="truncated.mlir"),
         Case("missing input file", COMMANDS, False, "missing.mlir", input="missing.mlir"),
         Case("unknown module:function", COMMANDS, False, "mlp", input="toast.examples.mlp:nope"),
-        Case("engine timeout", COMMANDS, False, "timed out", input=GPT, extra=("--timeout", "0.3")),
+        Case("engine timeout", COMMANDS, False, "timed out", input=GPT, extra=("--timeout", "0.05")),
     ]
     for option in ("--json", "-o", "--emit"):
         commands = tuple(c for c in COMMANDS if option in OUTPUTS[c])

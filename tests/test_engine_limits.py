@@ -13,9 +13,9 @@ GPT = "toast.examples.gpt:gpt_small"
 
 
 def test_the_embedded_engine_stops_at_the_timeout(capsys):
-    assert main(["analyze", GPT, "--engine", "embedded", "--timeout", "0.3"]) == 2
+    assert main(["analyze", GPT, "--engine", "embedded", "--timeout", "0.05"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
-    assert lines == ["toast: error: the embedded engine timed out after 0.3 s; raise --timeout"]
+    assert lines == ["toast: error: the embedded engine timed out after 0.05 s; raise --timeout"]
     # The engine's state is clean afterwards: the next analysis runs to the end.
     assert len(toast.analyze("toast.examples.mlp:mlp", engine="embedded").colors) == 4
 

@@ -445,6 +445,25 @@ def test_a_manual_strategy_that_beats_the_search_is_returned(big_mlp):
     assert found.result.cost.step_time_s == fastest.cost.step_time_s and found.result.actions == ()
 
 
+def test_the_manual_strategies_are_priced_once(big_mlp, monkeypatch):
+    """``compare_manual`` gives the rows the search weighed (autoshard and compare print them) without pricing
+    them again: the same costs as pricing them afresh."""
+    import importlib
+
+    from toast.search.find import price_manual_strategies
+
+    compare = importlib.import_module("toast.evaluation.compare")  # the package's `compare` is the function
+
+    roles = toast.roles_for_input(MLP)
+    found = find_strategy(big_mlp, parse_mesh("batch=4,model=2"), A100, roles=roles,
+                          settings=SearchSettings(rollouts=1, lanes=1, polish=False, workers=1))
+    afresh = price_manual_strategies(found.model, found.costs, found.roles)
+    monkeypatch.setattr(compare, "price_manual_strategies", None)  # calling it again would fail
+    rows = compare_manual(found)
+    assert [(row.name, row.cost, row.reason) for row in rows] == [(row.name, row.cost, row.reason) for row in afresh]
+    assert sum(row.cost is not None for row in rows) >= 2
+
+
 def test_without_roles_the_proposed_roles_give_the_manual_candidates(big_mlp):
     """No roles given: the roles proposed from the analysis (x:0 batch, w1:1 mlp) make Megatron a candidate,
     so a crippled search still returns batch + Megatron, the Figure 2c sharding."""

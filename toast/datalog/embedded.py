@@ -228,20 +228,20 @@ class _Table:
     The value counts give the planner exact distinct counts and how many rows hold a constant.
     """
 
-    def __init__(self, name: str, arity: int, constants: dict[Value, Any]) -> None:
+    def __init__(self, name: str, arity: int, constants: _Constants) -> None:
         self.pred = pyEngine.Pred(name, arity)
         self.pred.prearity = arity
         self.rows: set[Row] = set()
         # Made on first use (most tables are never read by a rule, or not by the planner) and kept up to date.
         self._columns: list[collections.Counter[Value]] | None = None
-        self._terms: list[tuple[Any, ...]] | None = None
-        # Per pattern of bound columns: a function of a row's key (its bound values: one value, or a tuple
-        # of several) and the index from keys to rows.
-        self._indexes: list[tuple[Callable[[tuple[Any, ...]], Any], dict[Any, list[tuple[Any, ...]]]]] = []
+        # The rows in one order, and each as a tuple of pyDatalog constants, in the same order.
+        self._order: list[Row] | None = None
+        self._terms: list[tuple[Any, ...]] = []
+        # Per pattern of bound columns: the function of a row giving its key (its bound values: one
+        # value, or a tuple of several) and the index from keys to rows (as constants).
+        self._indexes: list[tuple[Callable[[Row], Any], dict[Any, list[tuple[Any, ...]]]]] = []
         # Per tuple of the types of the terms pyDatalog asks with: the function answering it.
         self._lookups: dict[tuple[type, ...], Callable[[tuple[Any, ...]], Sequence[tuple[Any, ...]]]] = {}
-        # One pyDatalog constant per value, shared by every table of a run: pyDatalog compares the
-        # constants a literal's repeated variable meets by identity.
         self._constants = constants
         lookups = self._lookups
 
@@ -258,24 +258,23 @@ class _Table:
         if self._columns is not None:
             for counter, values in zip(self._columns, zip(*rows)):  # noqa: B905 (no rows: nothing to count)
                 counter.update(values)
-        if self._terms is not None:
+        if self._order is not None:
             added = self._as_terms(rows)
+            self._order.extend(rows)
             self._terms.extend(added)
             for key_of, index in self._indexes:
-                for terms in added:
-                    index.setdefault(key_of(terms), []).append(terms)
+                for row, terms in zip(rows, added, strict=True):
+                    index.setdefault(key_of(row), []).append(terms)
 
-    def _as_terms(self, rows: Iterable[Row]) -> list[tuple[Any, ...]]:
-        constants = self._constants
-        make = pyEngine.Const
-        return [
-            tuple([constants.get(value) or constants.setdefault(value, make(value)) for value in row]) for row in rows
-        ]
+    def _as_terms(self, rows: Sequence[Row]) -> list[tuple[Any, ...]]:
+        constant = self._constants.__getitem__
+        return [tuple(map(constant, row)) for row in rows]
 
     def _lookup(self, terms: tuple[Any, ...]) -> Callable[[tuple[Any, ...]], Sequence[tuple[Any, ...]]]:
         """The function answering queries whose terms have the types of ``terms`` (an index made for it)."""
-        if self._terms is None:
-            self._terms = self._as_terms(self.rows)
+        if self._order is None:
+            self._order = list(self.rows)
+            self._terms = self._as_terms(self._order)
         bound = [column for column, term in enumerate(terms) if isinstance(term, pyEngine.Const)]
         everything = self._terms
         if not bound:
@@ -284,25 +283,23 @@ class _Table:
                 return everything
 
         else:
+            # One bound column: the key is its value; several: the tuple of their values (itemgetter's way).
+            key_of = operator.itemgetter(*bound)
             index: dict[Any, list[tuple[Any, ...]]] = {}
+            for row, terms_of_row in zip(self._order, everything, strict=True):
+                index.setdefault(key_of(row), []).append(terms_of_row)
+            self._indexes.append((key_of, index))
+            find = index.get
             if len(bound) == 1:
                 (column,) = bound
 
-                def key_of(terms: tuple[Any, ...]) -> Any:
-                    return terms[column].id
+                def lookup(terms: tuple[Any, ...]) -> Sequence[tuple[Any, ...]]:
+                    return find(terms[column].id, ())
 
             else:
 
-                def key_of(terms: tuple[Any, ...]) -> Any:
-                    return tuple([terms[column].id for column in bound])
-
-            for terms_of_row in everything:
-                index.setdefault(key_of(terms_of_row), []).append(terms_of_row)
-            self._indexes.append((key_of, index))
-            find = index.get
-
-            def lookup(terms: tuple[Any, ...]) -> Sequence[tuple[Any, ...]]:
-                return find(key_of(terms), ())
+                def lookup(terms: tuple[Any, ...]) -> Sequence[tuple[Any, ...]]:
+                    return find(tuple([terms[column].id for column in bound]), ())
 
         self._lookups[tuple(map(type, terms))] = lookup
         return lookup
@@ -326,6 +323,15 @@ class _Table:
         """Forget the table's resolver."""
         pyEngine.Python_resolvers.pop(self.pred.id, None)
         pyEngine.remove(self.pred)
+
+
+class _Constants(dict[Value, Any]):
+    """One pyDatalog constant per value, shared by every table of a run (pyDatalog compares the constants
+    a literal's repeated variable meets by identity)."""
+
+    def __missing__(self, value: Value) -> Any:
+        constant = self[value] = pyEngine.Const(value)
+        return constant
 
 
 def _resolver(name: str, arity: int, matching: Callable[..., Sequence[tuple[Any, ...]]]) -> Callable[..., Any]:
@@ -360,7 +366,7 @@ class _Evaluation:
     def __init__(self, program: Program, wanted: Sequence[str]) -> None:
         self._program = program
         self._counter = itertools.count()
-        self._constants: dict[Value, Any] = {}
+        self._constants = _Constants()
         self._needed = _needed_relations(program, wanted)
         self._tables = {name: self._new_table(name) for name in program.relations if name in self._needed}
 

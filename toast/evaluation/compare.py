@@ -67,9 +67,10 @@ class CompareResult:
 def compare_manual(found: Found, roles: Roles | None = None) -> list[Comparison]:
     """Every manual strategy priced under the search's model and memory limit
     (``toast.search.find.price_manual_strategies``), from ``roles`` (default: the search's candidates',
-    ``found.roles``)."""
-    roles = roles if roles is not None else found.roles
-    return price_manual_strategies(found.model, found.costs, roles) if roles is not None else []
+    ``found.roles``: the rows the search weighed, not priced again)."""
+    if roles is None or roles is found.roles:
+        return list(found.manual) if found.roles is not None else []
+    return price_manual_strategies(found.model, found.costs, roles)
 
 
 def check_host_validation(mesh: Mesh, *, validate_on_host: bool) -> None:

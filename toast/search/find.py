@@ -55,6 +55,8 @@ class Found:
       searched: the search's own result, whether or not a manual strategy beat it (``result`` otherwise).
       pinned: the pins the search kept (argument name -> PartitionSpec entries).
       microbatches: micro-batches per step the costs assume.
+      manual: every manual strategy priced under ``roles`` (``price_manual_strategies``), as the search weighed
+        them; empty where they were not candidates.
     """
 
     model: ShardingModel
@@ -68,6 +70,7 @@ class Found:
     searched: SearchResult | None = None
     pinned: Mapping[str, Sequence] = dataclasses.field(default_factory=dict)
     microbatches: int = 1
+    manual: tuple[Comparison, ...] = ()
 
     @property
     def over_memory(self) -> bool:
@@ -109,22 +112,24 @@ def find_strategy(analysis, mesh: Mesh, hardware: Hardware, *,
     costs.prepare(space.partition)
     result = searched = search(space, costs, settings=settings, progress=progress)
     origin = "search"
+    manual: tuple[Comparison, ...] = ()
     if manual_candidates:
         roles = roles_or_proposed(roles, analysis)
-        result, origin = _best_of_manual(result, model, costs, roles, space)
+        manual = tuple(price_manual_strategies(model, costs, roles))
+        result, origin = _best_of_manual(result, manual, costs, space)
     else:
         roles = None
     floor = float(costs.initial.peak_bytes) / mesh.devices
     return Found(model, space, result, costs, device_memory, origin, floor, roles, searched, dict(pinned or {}),
-                 microbatches)
+                 microbatches, manual)
 
 
-def _best_of_manual(result: SearchResult, model: ShardingModel, costs: CostModel, roles: Roles,
+def _best_of_manual(result: SearchResult, manual: Sequence[Comparison], costs: CostModel,
                     space: ActionSpace) -> tuple[SearchResult, str]:
     """The search's result, or the manual strategy (``price_manual_strategies``' order; the first among equals) that
     keeps the pins and beats it under ``search_score``, as a result with no search actions, and its name."""
     best, origin = search_score(result.cost, costs), "search"
-    for row in price_manual_strategies(model, costs, roles):
+    for row in manual:
         if row.cost is None or row.state is None or not space.keeps_pins(row.state):
             continue
         score = search_score(row.cost, costs)

@@ -122,6 +122,8 @@ class ShardingModel:
         order = np.argsort(analysis.color_of, kind="stable")
         bounds = np.searchsorted(analysis.color_of[order], np.arange(len(analysis.colors) + 1))
         self._names_of_color = [order[bounds[c]:bounds[c + 1]] for c in range(len(analysis.colors))]
+        self._node_order: np.ndarray | None = None  # names sorted by node, and where each node's start
+        self._node_bounds: np.ndarray | None = None
         self.factor_names = np.asarray(sorted(analysis.major_factors), dtype=np.int64)
         self.factor_sizes = np.asarray([analysis.major_factors[n] for n in self.factor_names.tolist()],
                                        dtype=np.int64)
@@ -140,6 +142,16 @@ class ShardingModel:
         if not 0 <= color < len(self._names_of_color):
             raise ToastError(f"no color {color} (this program has colors 0..{len(self._names_of_color) - 1})")
         return self._names_of_color[color]
+
+    def names_of_nodes(self, nodes: Sequence[int]) -> np.ndarray:
+        """The names of dimension-graph ``nodes`` (I-classes), ascending."""
+        if self._node_order is None or self._node_bounds is None:
+            node_of = self.analysis.node_of
+            self._node_order = np.argsort(node_of, kind="stable")
+            self._node_bounds = np.searchsorted(node_of[self._node_order], np.arange(int(node_of.max(initial=-1)) + 2))
+        order, bounds = self._node_order, self._node_bounds
+        parts = [order[bounds[n]:bounds[n + 1]] for n in set(nodes) if 0 <= n < len(bounds) - 1]
+        return np.sort(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
 
     def apply(self, state: ShardingState, action: Action, *, check: bool = True) -> ShardingState:
         """The state after ``action``; ``InvalidState`` when the result is invalid and ``check``."""

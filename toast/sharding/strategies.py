@@ -30,6 +30,7 @@ or ``context``), else the first axis that is not the data axis.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -173,8 +174,7 @@ def manual_strategy(model: ShardingModel, name: str, roles: Roles
     for part, stored in _STORED_ON_DATA_AXIS.items():  # after the color actions: on what they left whole
         if part in parts:
             parameters = stored(model, first, state=state)
-            for node_action in parameters:
-                state = apply_any(model, state, node_action)
+            state = _apply_nodes(model, state, parameters)
             actions += parameters
     return state, tuple(actions)
 
@@ -193,11 +193,25 @@ def _sequence(model: ShardingModel, roles: Roles, data_axis: str) -> list[tuple[
     return [("sequence", Action(c, second, ones)) for c in role_colors(model.analysis, roles, "sequence")]
 
 
+def _apply_nodes(model: ShardingModel, state: ShardingState, actions: Sequence[ShardNodes]) -> ShardingState:
+    """``apply_any`` of each of ``actions`` in turn, the state checked once at the end (a check reads every
+    name: once per action was most of pricing an FSDP strategy on a big program); where the end state is
+    invalid, the actions are applied again one at a time, so that the first one at fault is named."""
+    masks = state.masks.copy()
+    for action in actions:
+        masks[model.names_of_nodes(action.nodes)] |= np.uint8(1 << model.mesh.index(action.axis))
+    result = ShardingState(model.mesh, masks, state.actions)
+    if model.problem(result):
+        for action in actions:
+            state = apply_any(model, state, action)  # raises at the first action at fault
+    return result
+
+
 def apply_any(model: ShardingModel, state: ShardingState, action: Action | ShardNodes) -> ShardingState:
     """Apply a color action or a node action."""
     if isinstance(action, Action):
         return model.apply(state, action)
-    names = np.flatnonzero(np.isin(model.analysis.node_of, np.asarray(action.nodes, dtype=np.int64)))
+    names = model.names_of_nodes(action.nodes)
     masks = state.masks.copy()
     masks[names] |= np.uint8(1 << model.mesh.index(action.axis))
     result = ShardingState(model.mesh, masks, state.actions)
