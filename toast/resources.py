@@ -12,9 +12,10 @@ from __future__ import annotations
 import functools
 from importlib.resources import files
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import jinja2
+if TYPE_CHECKING:
+    import jinja2
 
 Folder = Literal["rules", "templates", "hardware"]
 
@@ -37,6 +38,8 @@ def project_root() -> Path:
 def template(name: str, *, trim_blocks: bool = False, lstrip_blocks: bool = False,
              keep_trailing_newline: bool = False, autoescape: bool = False) -> jinja2.Template:
     """A Jinja2 template of ``templates/`` (undefined variables are errors; ``autoescape`` for HTML)."""
+    import jinja2  # here: most commands (a cached analysis read back) render no template
+
     environment = jinja2.Environment(loader=jinja2.FileSystemLoader(resource_dir("templates")),
                                      undefined=jinja2.StrictUndefined, trim_blocks=trim_blocks,
                                      lstrip_blocks=lstrip_blocks, keep_trailing_newline=keep_trailing_newline,

@@ -30,6 +30,8 @@ FORMAT = 1
 DEFAULT_MAX_BYTES = 2 << 30
 # The stages an analysis is made by: a change to their code is a change of the cached result.
 _STAGES = ("frontend", "facts", "datalog", "analysis")
+# Modules beside the stages that decide what an entry holds or how it unpickles.
+_SHARED = ("errors.py", "frozen.py")
 _SUFFIX = ".analysis"
 
 
@@ -65,9 +67,9 @@ def _code_digest() -> str:
         digest.update(version("toast").encode())
     except Exception:  # not installed (a checkout on sys.path): the sources say it all
         digest.update(b"checkout")
-    for stage in _STAGES:
-        for path in sorted((package / stage).rglob("*.py")):
-            digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes())
+    paths = [path for stage in _STAGES for path in sorted((package / stage).rglob("*.py"))]
+    for path in paths + [package / name for name in _SHARED]:
+        digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 
 
@@ -77,8 +79,8 @@ _CODE_DIGEST: str | None = None
 def analysis_key(*, text: str, name: str, rule_files: Iterable[Path], variant: Any, engine: str,
                  extra: Iterable[str] = ()) -> str:
     """The key of an analysis of program ``text`` (read under ``name``) with ``rule_files`` (every ``.dl`` file
-    either stage reads, in any order), ``variant`` (its ``repr`` counts), and ``engine``; ``extra``: more text
-    that changes the result (the assembled programs)."""
+    either stage reads and the templates the programs are assembled from, in any order), ``variant`` (its
+    ``repr`` counts), and ``engine``; ``extra``: more text that changes the result."""
     global _CODE_DIGEST
     if _CODE_DIGEST is None:
         _CODE_DIGEST = _code_digest()

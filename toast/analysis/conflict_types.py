@@ -8,7 +8,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from toast.frozen import pickled_by_constructor
 
+
+@pickled_by_constructor
 @dataclass(frozen=True, slots=True)
 class ConflictSite:
     """A definition or a use that a conflict sits on.
@@ -29,6 +32,7 @@ class ConflictSite:
     dims: tuple[int, int]
 
 
+@pickled_by_constructor
 @dataclass(frozen=True, slots=True)
 class ColorConflict:
     """Section 3.3: ``color`` annotates both ``site.dims`` of one definition or use."""
@@ -37,6 +41,7 @@ class ColorConflict:
     site: ConflictSite
 
 
+@pickled_by_constructor
 @dataclass(frozen=True, slots=True)
 class Conflict:
     """A conflict edge of the dimension graph (section 3.4).
@@ -55,6 +60,7 @@ class Conflict:
     sites: tuple[ConflictSite, ...]
 
 
+@pickled_by_constructor
 @dataclass(frozen=True, slots=True)
 class Box:
     """Two conflicts forming a box (section 3.5): one on a definition, one on a use of it.

@@ -30,9 +30,11 @@ from toast.facts.writer import program_facts
 from toast.frontend.ir import Program
 from toast.frontend.loading import load_program_text
 from toast.frontend.stablehlo import read_text
+from toast.frozen import pickled_by_constructor
 from toast.resources import project_root, resource_dir
 
 
+@pickled_by_constructor
 @dataclass(frozen=True, slots=True)
 class DimRef:
     """One dimension of one value definition, named as the JSON names it.
@@ -50,6 +52,7 @@ class DimRef:
     loc: str
 
 
+@pickled_by_constructor
 @dataclass(frozen=True, slots=True)
 class Color:
     """A class of dimension names that must be sharded alike.
@@ -95,6 +98,7 @@ class Invalid:
         return f"{self.file}:{self.line}: {self.check}: {self.detail}"
 
 
+@pickled_by_constructor
 @dataclass(frozen=True, slots=True)
 class Identity:
     """One row of I: names ``a`` and ``b`` identified for op ``op`` by the rule at file:line."""
@@ -255,8 +259,6 @@ def analyze(
     chosen_variant = load_variant(variant)
     user_rules = Path(rules) if rules is not None else None
     keep_dir = Path(keep) if keep else None
-    assembled = assemble(chosen_variant, user_rules=user_rules, stage=NDA)
-    conflict_program = assemble(chosen_variant, user_rules=user_rules, stage=CONFLICTS)
     if isinstance(source, Program):
         program: Program | None = source
         text, name = source.text, source.name
@@ -266,12 +268,15 @@ def analyze(
     key = None
     if cache and keep_dir is None and text and analysis_cache.enabled():
         key = analysis_cache.analysis_key(
-            text=text, name=name, rule_files=_rule_files(user_rules), variant=chosen_variant, engine=chosen,
-            extra=(assembled.text, conflict_program.text, "program" if program is not None else "source"))
+            text=text, name=name, rule_files=_rule_files(user_rules) + _template_files(), variant=chosen_variant,
+            engine=chosen, extra=("program" if program is not None else "source",))
         cached = analysis_cache.load(key)
         if isinstance(cached, Analysis):
             seconds = {"read": round(time.perf_counter() - start, 4)}
             return replace(cached, stats={**cached.stats, "seconds": seconds, "cache": "hit"})
+    # Assembled after the cache is asked (the key holds the rule files and templates they are made of).
+    assembled = assemble(chosen_variant, user_rules=user_rules, stage=NDA)
+    conflict_program = assemble(chosen_variant, user_rules=user_rules, stage=CONFLICTS)
     if program is None:
         program = read_text(text, source=name)
     timings["read"] = time.perf_counter() - start
@@ -312,6 +317,11 @@ def _rule_files(user_rules: Path | None) -> list[Path]:
     """Every ``.dl`` file an analysis may read: the package's rules and a ``--rules`` folder's."""
     folders = [resource_dir("rules")] + ([user_rules] if user_rules is not None and user_rules.is_dir() else [])
     return [path for folder in folders for path in folder.rglob("*.dl")]
+
+
+def _template_files() -> list[Path]:
+    """The templates the programs are assembled from (``toast.datalog.variants``)."""
+    return sorted(path for path in resource_dir("templates").rglob("*") if path.is_file())
 
 
 @functools.lru_cache(maxsize=256)

@@ -5,28 +5,48 @@ runs it on Soufflé (``souffle``, a subprocess) or on the embedded engine (``emb
 pyDatalog), whose ``preprocess``/``parser`` read the Soufflé subset the rules use.
 """
 
-from toast.datalog.embedded import run_embedded, run_embedded_file
-from toast.datalog.engine import EngineName, evaluate, pick_engine
-from toast.datalog.parser import (
-    Atom,
-    Attribute,
-    BinaryOp,
-    Clause,
-    Constraint,
-    Negation,
-    NumberConst,
-    Program,
-    RelationDecl,
-    StringConst,
-    TypeDecl,
-    Variable,
-    Wildcard,
-    parse_file,
-    parse_program,
-    parse_text,
-)
-from toast.datalog.preprocess import PreprocessedSource, SourceLocation, preprocess_file, preprocess_text
-from toast.datalog.variants import AssembledProgram, Variant, assemble, known_variants, load_variant
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from toast.datalog.embedded import run_embedded, run_embedded_file
+    from toast.datalog.engine import EngineName, evaluate, pick_engine
+    from toast.datalog.parser import (
+        Atom,
+        Attribute,
+        BinaryOp,
+        Clause,
+        Constraint,
+        Negation,
+        NumberConst,
+        Program,
+        RelationDecl,
+        StringConst,
+        TypeDecl,
+        Variable,
+        Wildcard,
+        parse_file,
+        parse_program,
+        parse_text,
+    )
+    from toast.datalog.preprocess import PreprocessedSource, SourceLocation, preprocess_file, preprocess_text
+    from toast.datalog.variants import AssembledProgram, Variant, assemble, known_variants, load_variant
+
+# Public name -> the module that defines it: each loads on first use (the embedded engine's pyDatalog, the
+# parser), so reading a cached analysis back imports neither.
+_SOURCES: dict[str, str] = {
+    **dict.fromkeys(["run_embedded", "run_embedded_file"], "toast.datalog.embedded"),
+    **dict.fromkeys(["EngineName", "evaluate", "pick_engine"], "toast.datalog.engine"),
+    **dict.fromkeys(["Atom", "Attribute", "BinaryOp", "Clause", "Constraint", "Negation", "NumberConst", "Program",
+                     "RelationDecl", "StringConst", "TypeDecl", "Variable", "Wildcard", "parse_file",
+                     "parse_program", "parse_text"], "toast.datalog.parser"),
+    **dict.fromkeys(["PreprocessedSource", "SourceLocation", "preprocess_file", "preprocess_text"],
+                    "toast.datalog.preprocess"),
+    **dict.fromkeys(["AssembledProgram", "Variant", "assemble", "known_variants", "load_variant"],
+                    "toast.datalog.variants"),
+}
 
 __all__ = [
     "AssembledProgram",
@@ -60,3 +80,17 @@ __all__ = [
     "run_embedded",
     "run_embedded_file",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import the module that defines ``name`` on first use and keep the name here."""
+    source = _SOURCES.get(name)
+    if source is None:
+        raise AttributeError(f"module 'toast.datalog' has no attribute {name!r}")
+    value = getattr(importlib.import_module(source), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -234,6 +234,7 @@ class _Table:
         self.rows: set[Row] = set()
         # Made on first use (most tables are never read by a rule, or not by the planner) and kept up to date.
         self._columns: list[collections.Counter[Value]] | None = None
+        self._agreements: dict[int, float] = {}
         # The rows in one order, and each as a tuple of pyDatalog constants, in the same order.
         self._order: list[Row] | None = None
         self._terms: list[tuple[Any, ...]] = []
@@ -255,6 +256,7 @@ class _Table:
         """Add ``rows`` (not yet present) to the table."""
         rows = list(rows)
         self.rows.update(rows)
+        self._agreements.clear()
         if self._columns is not None:
             for counter, values in zip(self._columns, zip(*rows)):  # noqa: B905 (no rows: nothing to count)
                 counter.update(values)
@@ -311,9 +313,13 @@ class _Table:
             ]
         return self._columns
 
-    def distinct(self, column: int) -> int:
-        """Number of distinct values in ``column``."""
-        return len(self._counts()[column])
+    def agreement(self, column: int) -> float:
+        """The chance that two rows drawn at random hold the same value in ``column`` (the sum of the squared
+        counts over the squared rows; 1 / distinct values where each is held as often)."""
+        if column not in self._agreements:
+            counts = self._counts()[column].values()
+            self._agreements[column] = sum(count * count for count in counts) / max(len(self.rows), 1) ** 2
+        return self._agreements[column]
 
     def holding(self, column: int, value: Value) -> int:
         """Number of rows whose ``column`` is ``value``."""
@@ -718,14 +724,19 @@ def _binds_when_ready(goal: _Goal, bound: set[str]) -> set[str] | None:
 
 
 def _estimate(atom: _Positive, bound: set[str]) -> float:
-    """Estimated matches of ``atom`` given ``bound`` (uniform, independent columns)."""
+    """Estimated matches of ``atom`` given ``bound`` (independent columns).
+
+    A constant matches the rows that hold it. A bound variable's value is unknown when planning: it is taken
+    to be drawn as the column's own values are, so it matches rows x ``agreement``: an operand index bound to
+    0 matches far more rows than the average over hundreds of indices (calls with many operands) says.
+    """
     rows = len(atom.table.rows)
     estimate = float(rows)
     for column, arg in enumerate(atom.args):
-        if isinstance(arg, (NumberConst, StringConst)):  # the rows that hold it, not an average
+        if isinstance(arg, (NumberConst, StringConst)):
             estimate *= atom.table.holding(column, arg.value) / max(rows, 1)
         elif isinstance(arg, Variable) and arg.name in bound:
-            estimate /= max(atom.table.distinct(column), 1)
+            estimate *= atom.table.agreement(column)
     return estimate
 
 

@@ -14,10 +14,13 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from toast.frozen import pickled_by_constructor
+
 # Ops that end a region and hand its values on (a loop body's next carry, a call's results).
 TERMINATORS = frozenset({"stablehlo.return", "func.return", "sdy.return"})
 
 
+@pickled_by_constructor
 @dataclass(frozen=True, slots=True)
 class Value:
     """One SSA value (op result, block argument or function argument).
@@ -43,6 +46,7 @@ class Value:
     loc: str
 
 
+@pickled_by_constructor
 @dataclass(frozen=True, slots=True)
 class Op:
     """One operation instance.
