@@ -19,6 +19,7 @@ PROGRAMS = {
     "benchmarks.programs.equinox_vit:equinox_vit": "equinox",
     "benchmarks.programs.moe:moe": "optax",
     "benchmarks.programs.scan_llama:scan_llama": "optax",
+    "benchmarks.programs.llama3:llama3": "optax",
     "benchmarks.programs.hf_whisper:hf_whisper": "transformers",
 }
 CASES = [("batch=4,model=2", "h100"), ("batch=2,model=2,seq=2", "tpu_v3")]
