@@ -1,6 +1,7 @@
 """Programs written the way users write them (benchmarks/programs: Flax NNX, Equinox, Hugging Face Flax,
-scan + remat, remat per layer, MoE), at small sizes: every op has a rule, and toast, given no roles, finds a strategy no slower
-than the best manual strategy of the roles file an expert wrote for the program, that fits where one fits.
+scan + remat, remat per layer, MoE), at small sizes: every op has a rule, and toast, given no roles, finds a
+strategy no slower than the best manual strategy of the roles file an expert wrote for the program, that fits
+where one fits.
 
 The full sizes are BENCHMARKS.md's table (benchmarks/bench_users.py)."""
 
