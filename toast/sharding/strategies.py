@@ -30,8 +30,9 @@ or ``context``), else the first axis that is not the data axis.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import numpy as np
 
@@ -236,10 +237,22 @@ class UpdateChain:
     returns: tuple[tuple[int, int], ...]
 
 
-def update_chains(analysis: Analysis) -> dict[int, UpdateChain]:
+# The last analysis's chains: the search's space, its cost model and every FSDP strategy ask for them.
+_LAST_CHAINS: list[tuple[Analysis, Mapping[int, UpdateChain]]] = []
+
+
+def update_chains(analysis: Analysis) -> Mapping[int, UpdateChain]:
     """The update chain of every floating-point argument with dims (argument value id -> chain), from the
     rules' elementwise table (rules/ops/elementwise.dl). Storing a parameter split along an axis (ZeRO-3)
     splits its chain alike, so its gradient arrives by reduce-scatter and its update runs split."""
+    if _LAST_CHAINS and _LAST_CHAINS[0][0] is analysis:
+        return _LAST_CHAINS[0][1]
+    chains = MappingProxyType(_update_chains(analysis))
+    _LAST_CHAINS[:] = [(analysis, chains)]
+    return chains
+
+
+def _update_chains(analysis: Analysis) -> dict[int, UpdateChain]:
     program = analysis.program
     users: dict[int, list[tuple[int, int]]] = {}
     for op in program.ops:
