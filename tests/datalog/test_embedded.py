@@ -197,6 +197,20 @@ def test_division_by_zero_is_an_engine_error() -> None:
     assert str(info.value) == "div.dl:6: division by zero in a rule for 'r'"
 
 
+def test_a_head_is_computed_only_for_rows_the_whole_body_accepts() -> None:
+    """As in Soufflé, 6 / 0 is never computed: the row (6, 0) fails b(Y) (the planner reads a, its 2 rows,
+    before b, its 3, so a head computed as soon as X and Y were bound would divide by zero)."""
+    text = """
+    .decl a(x: number, y: number)
+    .decl b(y: number)
+    .input a, b
+    .decl p(z: number, w: symbol)
+    .output p
+    p(X / Y, cat("y=", to_string(Y))) :- a(X, Y), b(Y).
+    """
+    assert run(text, {"a": [(6, 0), (6, 3)], "b": [(3,), (4,), (5,)]}) == {"p": [(2, "y=3")]}
+
+
 def test_file_and_line_in_a_head(tmp_path: Path) -> None:
     rules = tmp_path / "rules"
     rules.mkdir()

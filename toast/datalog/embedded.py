@@ -455,36 +455,56 @@ class _Evaluation:
             delta = new
 
     def _derive(self, relation: str, rules: Sequence[_Rule]) -> set[Row]:
-        """Everything ``rules`` derive for ``relation``, evaluated by one pyDatalog query.
+        """Everything ``rules`` derive for ``relation``: pyDatalog evaluates the bodies, one query for the
+        rules with a plain head and one per rule with computed head arguments (those Python computes from
+        each answer, see ``_computed_head``); rules that only copy a table's columns are copied.
 
         Each rule comes with overrides: body positions whose atom reads another table
         (a semi-naive delta) instead of the relation's own.
         """
-        arity = self._program.relations[relation].arity
         derived: set[Row] = set()
-        joins: list[_Rule] = []
+        plain: list[tuple[Clause, list[_Table | None]]] = []
         for clause, overrides in rules:
             copied = _copy(clause, overrides.get(0, self._tables.get(_first_relation(clause))))
-            if copied is None:
-                joins.append((clause, overrides))
-            else:
+            if copied is not None:
                 derived |= copied
-        if not joins:
-            return derived
-        rules = joins
+                continue
+            tables = self._body_tables(clause, overrides)
+            head = _computed_head(clause)
+            if head is None:
+                plain.append((clause, tables))
+                continue
+            variables, compute = head
+            try:
+                derived.update(map(compute, self._ask(relation, [(clause, tables)], variables)))
+            except _DivisionByZero as fault:
+                raise EngineError(f"{fault.location}: division by zero in a rule for '{relation}'") from None
+        if plain:
+            derived.update(self._ask(relation, plain, None))
+        return derived
+
+    def _body_tables(self, clause: Clause, overrides: Mapping[int, _Table]) -> list[_Table | None]:
+        """The table each body literal reads (None for a comparison)."""
+        tables: list[_Table | None] = []
+        for position, literal in enumerate(clause.body):
+            if isinstance(literal, Constraint):
+                tables.append(None)
+            else:
+                atom = literal if isinstance(literal, Atom) else literal.atom
+                tables.append(overrides.get(position, self._tables[atom.relation]))
+        return tables
+
+    def _ask(self, relation: str, rules: Sequence[tuple[Clause, list[_Table | None]]],
+             head: Sequence[Variable] | None) -> set[Row]:
+        """The answers of one pyDatalog query over ``rules``' bodies: their heads' rows, or with ``head`` (one
+        rule), the values of those variables."""
+        arity = len(head) if head is not None else self._program.relations[relation].arity
         # The rules' head: a predicate of pyDatalog's own, defined by the clauses (a table's resolver would
         # shadow them).
         target = pyEngine.Pred(f"t{next(self._counter)}_new_{re.sub(r'[^A-Za-z0-9_]', '_', relation)}", arity)
         target.prearity = arity
-        for clause, overrides in rules:
-            tables: list[_Table | None] = []
-            for position, literal in enumerate(clause.body):
-                if isinstance(literal, Constraint):
-                    tables.append(None)
-                else:
-                    atom = literal if isinstance(literal, Atom) else literal.atom
-                    tables.append(overrides.get(position, self._tables[atom.relation]))
-            pyEngine.assert_(_translate(clause, target, tables))
+        for clause, tables in rules:
+            pyEngine.assert_(_translate(clause, target, tables, head))
         query = pyEngine.Literal(target, [pyEngine.Var(f"$q{i}") for i in range(arity)])
         try:
             answers = query.ask()
@@ -495,8 +515,45 @@ class _Evaluation:
         finally:
             pyEngine.remove(target)
         if answers is True:
-            return derived | {()}
-        return derived.union(answers or ())
+            return {()}
+        return set(answers or ())
+
+
+def _computed_head(clause: Clause) -> tuple[list[Variable], Callable[[Row], Row]] | None:
+    """For a rule whose head computes (arithmetic, ``cat``, ``to_string``): the body variables the head
+    reads, and the function from their values to the head's row. None for a plain head.
+
+    Soufflé computes a head for each row the body accepts; pyDatalog would compute an expression as soon as
+    its variables are bound (when it substitutes them), for rows a later atom then drops: twice the time of
+    an invariant's rule with no rows, and a division by zero where Soufflé divides nothing.
+    """
+    if not any(isinstance(arg, (BinaryOp, Functor)) for arg in clause.head.args):
+        return None
+    names = sorted(set().union(*(_variables(arg) for arg in clause.head.args)))
+    location = clause.location
+
+    def compute(values: Row) -> Row:
+        bound = dict(zip(names, values, strict=True))
+        return tuple(_value_of(arg, bound, location) for arg in clause.head.args)
+
+    return [Variable(name) for name in names], compute
+
+
+def _value_of(expr: Expr, bound: Mapping[str, Value], location: SourceLocation) -> Value:
+    """``expr``'s value for the variables' values ``bound``, as Soufflé computes it."""
+    if isinstance(expr, Variable):
+        return bound[expr.name]
+    if isinstance(expr, (NumberConst, StringConst)):
+        return expr.value
+    if isinstance(expr, BinaryOp):
+        left, right = _value_of(expr.left, bound, location), _value_of(expr.right, bound, location)
+        assert isinstance(left, int) and isinstance(right, int)
+        return _arithmetic(expr.op, expr.kind, location)(left, right)
+    assert isinstance(expr, Functor), f"unexpected head argument {expr!r}"
+    parts = [_value_of(arg, bound, location) for arg in expr.args]
+    if expr.name == "to_string":
+        return _to_string(parts[0])
+    return "".join(str(part) for part in parts)
 
 
 def _first_relation(clause: Clause) -> str:
@@ -619,23 +676,17 @@ class _DivisionByZero(BaseException):
         self.location = location
 
 
-def _translate(clause: Clause, head_pred: Any, tables: Sequence[_Table | None]) -> Any:
-    """The pyDatalog clause for ``clause``, deriving into ``head_pred``.
+def _translate(clause: Clause, head_pred: Any, tables: Sequence[_Table | None],
+               head: Sequence[Variable] | None = None) -> Any:
+    """The pyDatalog clause for ``clause``'s body, deriving into ``head_pred`` its head (plain: variables and
+    constants) or, given, the variables ``head``.
 
     ``tables[i]`` is the table read by body literal ``i`` (None for comparisons).
     """
     temporaries = (f"${n}" for n in itertools.count())
     goals: list[_Goal] = []
-    head_args: list[Expr] = []
-    # The head's computed arguments go after the body's goals: among filters ready at once, the body's
-    # comparisons run first, so a value (an invariant's detail text) is computed only for the rows it is for.
-    head_goals: list[_Goal] = []
-    for arg in clause.head.args:
-        if isinstance(arg, (BinaryOp, Functor)):
-            temporary = Variable(next(temporaries))
-            head_goals.append(_Compare("=", temporary, arg, clause.location))
-            arg = temporary
-        head_args.append(arg)
+    head_args: list[Expr] = list(head if head is not None else clause.head.args)
+    assert not any(isinstance(arg, (BinaryOp, Functor)) for arg in head_args), "a computed head is Python's"
     for literal, table in zip(clause.body, tables, strict=True):
         if isinstance(literal, Constraint):
             goals.append(_Compare(literal.op, literal.left, literal.right, literal.location))
@@ -650,13 +701,13 @@ def _translate(clause: Clause, head_pred: Any, tables: Sequence[_Table | None]) 
             args.append(arg)
         assert table is not None
         goals.append(_Positive(table, tuple(args)) if isinstance(literal, Atom) else _Negative(table, tuple(args)))
-    planned = _plan(goals + head_goals)
+    planned = _plan(goals)
     if planned is None:
         raise EngineError(f"{clause.location}: embedded engine cannot order the body of this rule")
     terms = _Terms()
     body = [_goal_literal(goal, terms) for goal in planned]
-    head = pyEngine.Literal(head_pred, [terms.term(arg) for arg in head_args])
-    return pyEngine.Clause(head, body)
+    head_literal = pyEngine.Literal(head_pred, [terms.term(arg) for arg in head_args])
+    return pyEngine.Clause(head_literal, body)
 
 
 def _plan(goals: Sequence[_Goal]) -> list[_Goal] | None:
