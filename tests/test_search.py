@@ -235,8 +235,31 @@ def test_same_seed_same_strategy_on_one_two_and_three_workers():
     for workers in (1, 2, 3):
         settings = SearchSettings(seed=7, rollouts=96, lanes=4, patience=10, workers=workers)
         found = _found(analysis, "batch=2,model=4", settings=settings)
-        strategies.append((strategy_document(found, source="test")["state"]["masks"], found.result.rollouts))
+        strategies.append((strategy_document(found, source="test")["state"]["masks"], found.result.rollouts,
+                           found.result.evaluations, found.result.cost.step_time_s))
     assert strategies[0] == strategies[1] == strategies[2]
+
+
+def test_a_worker_scores_what_another_costed_without_costing_it_again(monkeypatch):
+    """The polish's moves carry the states the previous round's workers costed (their step time and peak):
+    a memo that learned them scores them as costing them would, under both goals, and costs nothing."""
+    from toast.search.mcts import _Memo
+
+    analysis = analysis_of(GPT)
+    model = ShardingModel(analysis, parse_mesh("batch=2,model=4"))
+    space, costs = ActionSpace(model), toast.CostModel(model, A100, device_memory=0.5 * 2**30)
+    costing = _Memo(costs, space)
+    states = [space.initial_atoms] + [s for a in range(len(space.actions))
+                                      if (s := space.step(space.initial_atoms, a)) is not None][:5]
+    expected = [(costing.score(costing.key(s), "runtime"), costing.score(costing.key(s), "memory")) for s in states]
+    learning = _Memo(costs, space)
+    learning.learn(costing.take_fresh())
+    monkeypatch.setattr(costs, "evaluate", None)  # costing a state would fail
+    with learning.recording() as scored:
+        found = [(learning.score(learning.key(s), "runtime"), learning.score(learning.key(s), "memory"))
+                 for s in states]
+    assert found == expected and len(scored) == len(states) == 6
+    assert len(set(expected)) > 1  # states of different scores
 
 
 def test_the_rollout_budget_is_spent_unless_the_space_is_exhausted():

@@ -31,11 +31,16 @@ def search_score(cost: Cost, costs: CostModel) -> float:
     """A state's score for the search (lower is better): its step time relative to the unsharded program's
     where its peak fits ``costs.device_memory``, else ``OVER_MEMORY`` plus its excess over the limit relative
     to the unsharded peak (among states that do not fit, the smaller peak wins; then the faster)."""
+    return score_of(cost.step_time_s, cost.peak_bytes, costs)
+
+
+def score_of(step_time_s: float, peak_bytes: float, costs: CostModel) -> float:
+    """``search_score`` of a cost with this step time (seconds) and peak per device (bytes)."""
     initial_time, initial_peak = float(costs.initial.step_time_s), float(costs.initial.peak_bytes)
-    relative_time = cost.step_time_s / initial_time if initial_time > 0 else 1.0
-    if cost.peak_bytes <= costs.device_memory:
+    relative_time = step_time_s / initial_time if initial_time > 0 else 1.0
+    if peak_bytes <= costs.device_memory:
         return relative_time
-    return OVER_MEMORY + (cost.peak_bytes - costs.device_memory) / max(initial_peak, 1.0) + 1e-3 * relative_time
+    return OVER_MEMORY + (peak_bytes - costs.device_memory) / max(initial_peak, 1.0) + 1e-3 * relative_time
 
 
 @dataclass(frozen=True)

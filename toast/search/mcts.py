@@ -43,7 +43,7 @@ import dataclasses
 import math
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,7 +54,7 @@ from toast.errors import ToastError
 from toast.processes import worker_setup, workers_starting
 from toast.search.actions import ActionSpace
 from toast.search.base import Phase, RoundResult, SearchResult, SearchSettings
-from toast.search.exhaustive import OVER_MEMORY, search_score
+from toast.search.exhaustive import OVER_MEMORY, score_of
 
 __all__ = ["Phase", "RoundResult", "SearchResult", "SearchSettings", "search"]
 
@@ -97,6 +97,10 @@ class _Memo:
         self.states: dict[bytes, np.ndarray] = {}
         self.transitions: dict[tuple[bytes, int], bytes | None] = {}
         self.cache: dict[bytes, Cost] = {}
+        # (step time, peak) of states other worker processes costed (their polish moves' states, sent with
+        # the next moves), and of the states this one costed since ``take_fresh``.
+        self.known: dict[bytes, tuple[float, int]] = {}
+        self.fresh: list[tuple[bytes, float, int]] = []
         self.scored: set[int] = set()  # hashes of the keys scored since ``recording`` began
         self.initial_peak = max(int(costs.initial.peak_bytes), 1)  # the unsharded program's peak, bytes
 
@@ -134,7 +138,19 @@ class _Memo:
         found = self.cache.get(key)
         if found is None:
             found = self.cache[key] = self.costs.evaluate(self.space.state(self.states[key]), collectives=False)
+            self.fresh.append((key, found.step_time_s, found.peak_bytes))
         return found
+
+    def take_fresh(self) -> tuple[tuple[bytes, float, int], ...]:
+        """The states this process costed since the last call, with their step time and peak."""
+        fresh, self.fresh = tuple(self.fresh), []
+        return fresh
+
+    def learn(self, entries: Iterable[tuple[bytes, float, int]]) -> None:
+        """States another process costed: their step time and peak (the same numbers costing them gives)."""
+        for key, step_time_s, peak_bytes in entries:
+            if key not in self.cache:
+                self.known[key] = (step_time_s, peak_bytes)
 
     def cost(self, atom_masks: np.ndarray) -> Cost:
         return self.cost_of(self.key(atom_masks))
@@ -142,10 +158,16 @@ class _Memo:
     def score(self, key: bytes, goal: str) -> float:
         """The state's score (lower is better): ``search_score`` (relative step time, memory a constraint)
         for ``runtime``; for ``memory``, the peak relative to the unsharded one, step time breaking ties."""
-        cost = self.cost_of(key)
-        runtime = search_score(cost, self.costs)
+        learned = self.known.get(key)
+        if learned is None:
+            cost = self.cost_of(key)
+            step_time_s, peak_bytes = cost.step_time_s, cost.peak_bytes
+        else:
+            self.scored.add(hash(key))
+            step_time_s, peak_bytes = learned
+        runtime = score_of(step_time_s, peak_bytes, self.costs)
         if goal == "memory":
-            return cost.peak_bytes / self.initial_peak + 1e-3 * min(runtime, OVER_MEMORY)
+            return peak_bytes / self.initial_peak + 1e-3 * min(runtime, OVER_MEMORY)
         return runtime
 
 
@@ -396,6 +418,8 @@ class _RefillTask:
     goal: str
     first: tuple[int, ...] | None  # the first step's candidates (None: every allowed action)
     limit: int | None = None  # states it may score: a step that would pass it is not taken (the first always is)
+    # States the other workers costed in the previous round of moves (``_Memo.learn``): only saves costing them.
+    known: tuple[tuple[bytes, float, int], ...] = ()
 
 
 _RefillResult = tuple[float, tuple[int, ...], frozenset[int], int]
@@ -439,10 +463,14 @@ def _descend(space: ActionSpace, memo: _Memo, task: _RefillTask) -> tuple[float,
     return score, tuple(actions), scored
 
 
-def _worker_refill(task: _RefillTask) -> _RefillResult:
+def _worker_refill(task: _RefillTask) -> tuple[_RefillResult, tuple[tuple[bytes, float, int], ...]]:
+    """``_refill`` in a worker, which learns ``task.known`` first; with the states it costed."""
     assert _WORKER is not None
     space, memo, _ = _WORKER
-    return _refill(space, memo, task)
+    memo.learn(task.known)
+    memo.take_fresh()  # what was costed before (the lane's states) stays with this worker
+    result = _refill(space, memo, task)
+    return result, memo.take_fresh()
 
 
 def _polish(space: ActionSpace, memo: _Memo, actions: list[int], *, keep: int, allowed: tuple[int, ...],
@@ -477,12 +505,21 @@ def _polish(space: ActionSpace, memo: _Memo, actions: list[int], *, keep: int, a
 
     pending = moves()
     scored = 0
+    # In workers, each round's moves carry the states the previous round costed (a worker's memo holds only
+    # what it costed itself: neighbouring moves in two workers would cost the same states).
+    learned: tuple[tuple[bytes, float, int], ...] = ()
     while pending and (deadline is None or time.monotonic() <= deadline) and (budget is None or scored < budget):
         tasks, pending = pending[:chunk], pending[chunk:]
         if budget is not None:  # each descent stops at its share of what is left (the first step is always taken)
             tasks = [dataclasses.replace(task, limit=(budget - scored) // len(tasks)) for task in tasks]
-        results = pool.map(_worker_refill, tasks, chunksize=1) if pool is not None else [
-            _refill(space, memo, task) for task in tasks]
+        if pool is not None:
+            answers = pool.map(_worker_refill, [dataclasses.replace(task, known=learned) for task in tasks],
+                               chunksize=1)
+            results = [result for result, _ in answers]
+            learned = tuple(entry for _, fresh in answers for entry in fresh)
+            memo.learn(learned)
+        else:
+            results = [_refill(space, memo, task) for task in tasks]
         for result in results:
             memo.scored |= result[2]
         scored += sum(result[3] for result in results)
