@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from benchmarks.programs.scan_llama import _attention, _mlp, _rms_norm, _rope_tables
+from benchmarks.programs.scan_llama import _adam_step, _decoder_layer, _head_width, _rms_norm, _rope_tables
 
 __all__ = ["llama3"]
 
@@ -42,25 +42,10 @@ def llama3(*, layers: int = 2, d_model: int = 64, heads: int = 4, kv_heads: int 
            vocab: int = 256, seq: int = 32, batch: int = 8, learning_rate: float = 3e-4):
     """Returns ``(fn, (params, opt_state, tokens, targets))`` for one Llama-3-style training step.
 
-    Args:
-        layers: ``L``, decoder layers (unrolled, each under ``jax.checkpoint``).
-        d_model: ``D``, the residual width; divisible by ``heads``.
-        heads: ``H``, query heads (``Dh = D / H``, even for the rotary embedding).
-        kv_heads: ``K``, key/value heads; divides ``heads``.
-        ffn: ``F``, the SwiGLU hidden width of each of the gate and up projections.
-        vocab: ``V``, vocabulary size (embedding rows, LM head columns).
-        seq: ``S``, tokens per sequence.
-        batch: ``B``, sequences per step.
-        learning_rate: the Adam step size, a constant of the program.
-
-    ``fn(params, opt_state, tokens, targets)`` takes ``tokens, targets: int32[B, S]``, the
-    parameter dict (float32) and optax's Adam state, and returns ``(loss: float32[],
-    new_params, new_opt_state)`` shaped like its inputs.
+    The arguments are ``scan_llama``'s, but for ``layers``: ``L`` decoder layers, unrolled, each under
+    ``jax.checkpoint``; ``fn`` takes and returns what ``scan_llama``'s does, the layers' parameters a list.
     """
-    if d_model % heads or heads % kv_heads or (d_model // heads) % 2:
-        raise ValueError(f"need heads | d_model, kv_heads | heads and an even head width; got d_model={d_model}, "
-                         f"heads={heads}, kv_heads={kv_heads}")
-    head_dim = d_model // heads
+    head_dim = _head_width(d_model, heads, kv_heads)
     optimizer = optax.adam(learning_rate)
 
     def loss_fn(params, tokens, targets):
@@ -68,20 +53,13 @@ def llama3(*, layers: int = 2, d_model: int = 64, heads: int = 4, kv_heads: int 
 
         @jax.checkpoint
         def layer(h, p):
-            h = h + _attention(_rms_norm(h, p["attn_norm"]), p, cos, sin)
-            return h + _mlp(_rms_norm(h, p["mlp_norm"]), p)
+            return _decoder_layer(h, p, cos, sin)
 
         h = params["embed"][tokens]
         for p in params["layers"]:
             h = layer(h, p)
         logits = _rms_norm(h, params["final_norm"]) @ params["lm_head"]
         return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
-
-    def train_step(params, opt_state, tokens, targets):
-        loss, grads = jax.value_and_grad(loss_fn)(params, tokens, targets)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
-        return loss, params, opt_state
 
     def init(key):
         keys = iter(jax.random.split(key, 2 + 7 * layers))
@@ -106,8 +84,4 @@ def llama3(*, layers: int = 2, d_model: int = 64, heads: int = 4, kv_heads: int 
             "lm_head": normal(d_model, vocab),
         }
 
-    params = jax.eval_shape(init, jax.random.PRNGKey(0))
-    opt_state = jax.eval_shape(optimizer.init, params)
-    tokens = jax.ShapeDtypeStruct((batch, seq), jnp.int32)
-    targets = jax.ShapeDtypeStruct((batch, seq), jnp.int32)
-    return train_step, (params, opt_state, tokens, targets)
+    return _adam_step(loss_fn, init, optimizer, batch=batch, seq=seq)

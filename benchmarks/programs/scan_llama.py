@@ -111,6 +111,12 @@ def _mlp(x, p):
     return (jax.nn.silu(x @ p["w_gate"]) * (x @ p["w_up"])) @ p["w_down"]
 
 
+def _decoder_layer(h, p, cos, sin):
+    """One layer on the residual stream ``h: [B, S, D]``: attention, then the MLP, each on its RMSNorm."""
+    h = h + _attention(_rms_norm(h, p["attn_norm"]), p, cos, sin)
+    return h + _mlp(_rms_norm(h, p["mlp_norm"]), p)
+
+
 def scan_llama(*, layers: int = 2, d_model: int = 64, heads: int = 4, kv_heads: int = 2, ffn: int = 128,
                vocab: int = 256, seq: int = 32, batch: int = 8, learning_rate: float = 3e-4):
     """Returns ``(fn, (params, opt_state, tokens, targets))`` for one Llama-style training step.
@@ -130,10 +136,7 @@ def scan_llama(*, layers: int = 2, d_model: int = 64, heads: int = 4, kv_heads: 
     parameter dict (float32) and optax's Adam state, and returns ``(loss: float32[],
     new_params, new_opt_state)`` shaped like its inputs.
     """
-    if d_model % heads or heads % kv_heads or (d_model // heads) % 2:
-        raise ValueError(f"need heads | d_model, kv_heads | heads and an even head width; got d_model={d_model}, "
-                         f"heads={heads}, kv_heads={kv_heads}")
-    head_dim = d_model // heads
+    head_dim = _head_width(d_model, heads, kv_heads)
     optimizer = optax.adam(learning_rate)
 
     def loss_fn(params, tokens, targets):
@@ -141,20 +144,12 @@ def scan_llama(*, layers: int = 2, d_model: int = 64, heads: int = 4, kv_heads: 
 
         @jax.checkpoint
         def layer(h, p):
-            h = h + _attention(_rms_norm(h, p["attn_norm"]), p, cos, sin)
-            h = h + _mlp(_rms_norm(h, p["mlp_norm"]), p)
-            return h, None
+            return _decoder_layer(h, p, cos, sin), None
 
         h = params["embed"][tokens]
         h, _ = jax.lax.scan(layer, h, params["layers"])
         logits = _rms_norm(h, params["final_norm"]) @ params["lm_head"]
         return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
-
-    def train_step(params, opt_state, tokens, targets):
-        loss, grads = jax.value_and_grad(loss_fn)(params, tokens, targets)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
-        return loss, params, opt_state
 
     def init(key):
         keys = iter(jax.random.split(key, 9))
@@ -178,6 +173,27 @@ def scan_llama(*, layers: int = 2, d_model: int = 64, heads: int = 4, kv_heads: 
             "final_norm": jnp.ones((d_model,), jnp.float32),
             "lm_head": normal(d_model, vocab),
         }
+
+    return _adam_step(loss_fn, init, optimizer, batch=batch, seq=seq)
+
+
+def _head_width(d_model: int, heads: int, kv_heads: int) -> int:
+    """``Dh = D / H``; a ``ValueError`` unless ``H`` divides ``D``, ``K`` divides ``H`` and ``Dh`` is even."""
+    if d_model % heads or heads % kv_heads or (d_model // heads) % 2:
+        raise ValueError(f"need heads | d_model, kv_heads | heads and an even head width; got d_model={d_model}, "
+                         f"heads={heads}, kv_heads={kv_heads}")
+    return d_model // heads
+
+
+def _adam_step(loss_fn, init, optimizer, *, batch: int, seq: int):
+    """``(train_step, (params, opt_state, tokens, targets))``: one ``optimizer`` step on ``loss_fn``'s
+    gradient, with abstract arguments (``params`` shaped as ``init`` makes them; tokens ``int32[batch, seq]``)."""
+
+    def train_step(params, opt_state, tokens, targets):
+        loss, grads = jax.value_and_grad(loss_fn)(params, tokens, targets)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        return loss, params, opt_state
 
     params = jax.eval_shape(init, jax.random.PRNGKey(0))
     opt_state = jax.eval_shape(optimizer.init, params)
