@@ -211,6 +211,23 @@ def test_a_head_is_computed_only_for_rows_the_whole_body_accepts() -> None:
     assert run(text, {"a": [(6, 0), (6, 3)], "b": [(3,), (4,), (5,)]}) == {"p": [(2, "y=3")]}
 
 
+def test_a_failed_run_leaves_no_table_behind() -> None:
+    """The tables answer pyDatalog through its registry of Python resolvers, which outlives a run: a run that
+    fails half-way (a division by zero in a recursive rule, while a semi-naive delta table is up) puts it back
+    as it was."""
+    from pyDatalog import pyEngine
+
+    before = dict(pyEngine.Python_resolvers)
+    text = GRAPH + PATH_DECL + """
+    path(A, B) :- edge(A, B).
+    path(A, C) :- path(A, B), edge(B, C), 100 / (C - 3) > 0.
+    """
+    with pytest.raises(EngineError, match="division by zero"):
+        run(text, {"edge": [(1, 2), (2, 3)]})
+    assert pyEngine.Python_resolvers == before
+    assert run(text, {"edge": [(1, 2), (2, 4)]}) == {"path": [(1, 2), (1, 4), (2, 4)]}
+
+
 def test_file_and_line_in_a_head(tmp_path: Path) -> None:
     rules = tmp_path / "rules"
     rules.mkdir()

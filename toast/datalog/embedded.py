@@ -1,25 +1,30 @@
 """Evaluate a parsed Soufflé-subset program with pyDatalog (no ``souffle`` binary needed).
 
-pyDatalog evaluates every rule body; this module drives it stratum by stratum, in the
-order of :attr:`Program.strata`:
+pyDatalog evaluates every rule body that joins, negates, compares or computes; this module
+drives it stratum by stratum, in the order of :attr:`Program.strata`:
 
-* Input facts and the program's constant facts are asserted into pyDatalog's fact store
-  with ``pyEngine.assert_`` (the lowest public entry point; ``pyDatalog.assert_fact`` goes
-  through the Python-syntax parser and is about 10 times slower, see
-  ``benchmarks/bench_embedded.py``).
+* Every relation is a table (``_Table``) that pyDatalog reads through a Python resolver
+  (``pyDatalog.predicate()``, its documented hook): the input facts, the program's constant
+  facts and what each stratum derives, answered from hash indexes per pattern of bound
+  columns. Asserting rows into pyDatalog's fact store (``pyEngine.assert_``) and retracting
+  them after cost as much as the rule bodies (``BENCHMARKS.md``, issue 25).
 * A non-recursive stratum is one relation: its rules become pyDatalog clauses of a fresh
-  predicate, one query collects everything they derive, and the result is asserted as
-  facts of the relation for the strata above. Negation therefore only ever looks at
-  complete lower strata (stratified negation).
-* A recursive stratum runs semi-naive iterations: each iteration asserts the previous
-  iteration's new tuples as "delta" predicates and lets pyDatalog evaluate every rule once
-  per recursive atom with that atom reading the delta. pyDatalog's own tabled recursion
-  gives the same results but is slow for non-linear rules (``p :- p, p``): its time grows
-  like n⁵ on a chain of n nodes.
+  predicate, one query collects everything they derive, and the result becomes the table
+  the strata above read. Negation therefore only ever looks at complete lower strata
+  (stratified negation). A rule that only copies one relation's columns (one atom, its
+  constants selecting rows) is copied in Python; a head that computes (arithmetic, ``cat``,
+  ``to_string``) is computed in Python from each answer, as Soufflé computes it once the
+  whole body holds.
+* A recursive stratum runs semi-naive iterations: each iteration makes the previous
+  iteration's new tuples "delta" tables and lets pyDatalog evaluate every rule once per
+  recursive atom with that atom reading the delta. pyDatalog's own tabled recursion gives
+  the same results but is slow for non-linear rules (``p :- p, p``): its time grows like n⁵
+  on a chain of n nodes.
 
-Body literals are reordered before translation (greedily, by estimated fan-out from the
+Body literals are reordered before translation (greedily, by estimated matches from the
 actual relation sizes and column value counts), since pyDatalog evaluates bodies left to
-right, top-down. Comparisons and negations run as soon as their variables are bound.
+right, top-down. Comparisons run as soon as their variables are bound, negations once the
+lookups that match at most one row are done.
 
 Soufflé semantics kept: set semantics, stratified negation, ``number`` is 32-bit two's
 complement and ``unsigned`` 32-bit unsigned (arithmetic wraps), ``/`` and ``%`` truncate
@@ -201,15 +206,20 @@ def _pydatalog_session() -> Iterator[None]:
     """A clean pyDatalog database for one run, with the cyclic GC paused.
 
     pyDatalog keeps its database in thread-global state, so it is cleared before and after
-    the run. Evaluation allocates millions of small objects; the cyclic collector would
-    re-scan them over and over (about 3x slower and superlinear at 60k facts).
+    the run; its registry of Python resolvers (which ``pyDatalog.clear`` keeps) is put back as
+    it was, so that no table of a run that failed half-way answers for a predicate of the next.
+    Evaluation allocates millions of small objects; the cyclic collector would re-scan them
+    over and over (about 3x slower and superlinear at 60k facts).
     """
     gc_enabled = gc.isenabled()
     gc.disable()
     pyDatalog.clear()
+    resolvers = dict(pyEngine.Python_resolvers)
     try:
         yield
     finally:
+        pyEngine.Python_resolvers.clear()
+        pyEngine.Python_resolvers.update(resolvers)
         pyDatalog.clear()
         if gc_enabled:
             gc.enable()
@@ -225,7 +235,7 @@ class _Table:
     the way out (to free them without the cyclic collector), and a clause renaming and unification
     per row read: about as much time again as the rule bodies themselves.
 
-    The value counts give the planner exact distinct counts and how many rows hold a constant.
+    The value counts give the planner how many rows hold a constant and each column's agreement.
     """
 
     def __init__(self, name: str, arity: int, constants: _Constants) -> None:
