@@ -249,6 +249,7 @@ def test_a_worker_scores_what_another_costed_without_costing_it_again(monkeypatc
     model = ShardingModel(analysis, parse_mesh("batch=2,model=4"))
     space, costs = ActionSpace(model), toast.CostModel(model, A100, device_memory=0.5 * 2**30)
     costing = _Memo(costs, space)
+    costing.sharing = True  # as a worker of the polish: it keeps what it costs, to send
     states = [space.initial_atoms] + [s for a in range(len(space.actions))
                                       if (s := space.step(space.initial_atoms, a)) is not None][:5]
     expected = [(costing.score(costing.key(s), "runtime"), costing.score(costing.key(s), "memory")) for s in states]

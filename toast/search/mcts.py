@@ -98,8 +98,9 @@ class _Memo:
         self.transitions: dict[tuple[bytes, int], bytes | None] = {}
         self.cache: dict[bytes, Cost] = {}
         # (step time, peak) of states other worker processes costed (their polish moves' states, sent with
-        # the next moves), and of the states this one costed since ``take_fresh``.
+        # the next moves), and, in a worker sharing them, of the states it costed since ``take_fresh``.
         self.known: dict[bytes, tuple[float, int]] = {}
+        self.sharing = False
         self.fresh: list[tuple[bytes, float, int]] = []
         self.scored: set[int] = set()  # hashes of the keys scored since ``recording`` began
         self.initial_peak = max(int(costs.initial.peak_bytes), 1)  # the unsharded program's peak, bytes
@@ -138,7 +139,8 @@ class _Memo:
         found = self.cache.get(key)
         if found is None:
             found = self.cache[key] = self.costs.evaluate(self.space.state(self.states[key]), collectives=False)
-            self.fresh.append((key, found.step_time_s, found.peak_bytes))
+            if self.sharing:
+                self.fresh.append((key, found.step_time_s, found.peak_bytes))
         return found
 
     def take_fresh(self) -> tuple[tuple[bytes, float, int], ...]:
@@ -468,7 +470,7 @@ def _worker_refill(task: _RefillTask) -> tuple[_RefillResult, tuple[tuple[bytes,
     assert _WORKER is not None
     space, memo, _ = _WORKER
     memo.learn(task.known)
-    memo.take_fresh()  # what was costed before (the lane's states) stays with this worker
+    memo.sharing = True  # from the polish on (what its lane costed stays with this worker)
     result = _refill(space, memo, task)
     return result, memo.take_fresh()
 
