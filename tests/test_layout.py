@@ -14,7 +14,7 @@ import toast
 
 STAGES = ("frontend", "facts", "datalog", "analysis", "sharding", "cost", "search", "output", "xla", "evaluation",
           "cli")
-SHARED = ("errors", "frozen", "processes", "resources", "toml_files")
+SHARED = ("errors", "frozen", "lazy", "processes", "resources", "toml_files")
 PACKAGE = Path(toast.__file__).parent
 
 

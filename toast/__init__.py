@@ -24,8 +24,9 @@ Names load on first use (PEP 562), so ``import toast`` and ``toast --help`` do n
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from toast.lazy import lazy_names
 
 if TYPE_CHECKING:
     from toast.analysis import (
@@ -213,15 +214,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """Import the stage that defines ``name`` on first use and keep the name here."""
-    source = _SOURCES.get(name)
-    if source is None:
-        raise AttributeError(f"module 'toast' has no attribute {name!r}")
-    value = getattr(importlib.import_module(source), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_names("toast", _SOURCES, globals())

@@ -7,8 +7,9 @@ pyDatalog), whose ``preprocess``/``parser`` read the Soufflé subset the rules u
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from toast.lazy import lazy_names
 
 if TYPE_CHECKING:
     from toast.datalog.embedded import run_embedded, run_embedded_file
@@ -82,15 +83,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """Import the module that defines ``name`` on first use and keep the name here."""
-    source = _SOURCES.get(name)
-    if source is None:
-        raise AttributeError(f"module 'toast.datalog' has no attribute {name!r}")
-    value = getattr(importlib.import_module(source), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_names("toast.datalog", _SOURCES, globals())
