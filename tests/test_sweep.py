@@ -172,3 +172,33 @@ def test_a_bad_variant_engine_or_rules_folder_is_refused_when_read(tmp_path, lin
     path.write_text(f'[sweep]\nmodels = ["mlp"]\nmeshes = ["batch=8"]\n{line}\n')
     with pytest.raises(ToastError, match=re.escape(message)):
         load_sweep(path)
+
+
+@pytest.mark.parametrize("plant, message", [
+    ("symlink", "is a symbolic link, not the sweep's lock file; remove it"),
+    ("hard link", "is a link to another file, not the sweep's lock file; remove it"),
+    ("fifo", "is not a regular file, not the sweep's lock file; remove it"),
+])
+def test_a_link_planted_at_the_lock_is_refused_and_its_target_kept(plant, message, tmp_path, capsys):
+    """``DIR/.lock`` is opened without following a link: a link planted there (by whoever can write the folder)
+    would have the sweep truncate its target and write a pid into it."""
+    import os
+
+    path = tmp_path / "sweep.toml"
+    path.write_text('[sweep]\nmodels = ["mlp"]\nmeshes = ["batch=8"]\nrollouts = 20\n')
+    target = tmp_path / "precious.txt"
+    target.write_text("keep me\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    lock = out / ".lock"
+    if plant == "symlink":
+        lock.symlink_to(target)
+    elif plant == "hard link":
+        os.link(target, lock)
+    else:
+        os.mkfifo(lock)
+    assert main(["sweep", str(path), "-o", str(out), "--jobs", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"toast: error: -o {out}: {lock} {message}"], err
+    assert target.read_text() == "keep me\n"
+    assert not (out / "summary.csv").exists() and not any((out / "jobs").iterdir())

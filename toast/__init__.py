@@ -50,7 +50,7 @@ if TYPE_CHECKING:
         format_explanation,
     )
     from toast.cost import Collective, Cost, CostModel, Hardware, InterconnectLevel, known_hardware, load_hardware
-    from toast.errors import EngineError, InputError, RuleError, ToastError
+    from toast.errors import EngineError, InputError, InvalidRules, RuleError, ToastError
     from toast.evaluation import CompareResult, compare, load_sweep, sweep
     from toast.frontend import Program, load_program, read_callable, read_file, read_text
     from toast.output.autoshard import Strategy, autoshard, load_strategy
@@ -105,6 +105,7 @@ _SOURCES: dict[str, str] = {
     "load_hardware": "toast.cost",
     "EngineError": "toast.errors",
     "InputError": "toast.errors",
+    "InvalidRules": "toast.errors",
     "RuleError": "toast.errors",
     "ToastError": "toast.errors",
     "CompareResult": "toast.evaluation",
@@ -170,6 +171,7 @@ __all__ = [
     "Identity",
     "InputError",
     "InterconnectLevel",
+    "InvalidRules",
     "InvalidState",
     "Mesh",
     "Phase",

@@ -29,3 +29,18 @@ class RuleError(ToastError):
 
 class EngineError(ToastError):
     """A Datalog engine is missing, failed or timed out."""
+
+
+class InvalidRules(ToastError):
+    """The rules' invariants fail: their ``invalid`` output has rows (a rule file, often a user's, breaks them).
+
+    ``str(err)`` is one line, ``FILE:LINE: CHECK: DETAIL`` of the first row and a count of the rest; ``rows``
+    holds every row (``toast.analysis.Invalid``: check, file, line, detail).
+    """
+
+    def __init__(self, message: str, rows: tuple[object, ...]) -> None:
+        super().__init__(message)
+        self.rows = rows
+
+    def __reduce__(self) -> tuple[type[InvalidRules], tuple[str, tuple[object, ...]]]:
+        return type(self), (str(self), self.rows)  # through a worker's pipe: both arguments

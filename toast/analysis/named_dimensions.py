@@ -8,6 +8,7 @@ needs to trace why two dims share a color.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -23,7 +24,7 @@ from toast.analysis.conflicts import Conflicts, build_conflicts, conflict_facts
 from toast.analysis.kernel_semantics import KernelSemantics, kernel_semantics
 from toast.datalog.engine import EngineName, evaluate, pick_engine
 from toast.datalog.variants import assemble, load_variant
-from toast.errors import ToastError
+from toast.errors import InvalidRules, RuleError, ToastError
 from toast.facts.numbering import DimensionNames
 from toast.facts.schema import CONFLICTS, NDA
 from toast.facts.writer import program_facts
@@ -31,7 +32,7 @@ from toast.frontend.ir import Program
 from toast.frontend.loading import load_program_text
 from toast.frontend.stablehlo import read_text
 from toast.frozen import pickled_by_constructor
-from toast.resources import project_root, resource_dir
+from toast.resources import project_root
 
 
 @pickled_by_constructor
@@ -237,6 +238,7 @@ def analyze(
     timeout_s: float = 600.0,
     factory_arguments: Mapping[str, Any] | None = None,
     cache: bool = True,
+    check_invariants: bool = True,
 ) -> Analysis:
     """Run the named-dimension analysis.
 
@@ -252,13 +254,61 @@ def analyze(
       factory_arguments: keyword arguments for a ``module:function`` factory (``layers=12``).
       cache: find the analysis in the analysis cache (``toast.analysis.cache``) and keep it there; not with
         ``keep`` or a ``Program`` built by hand (no text), nor when ``$TOAST_NO_CACHE`` is set.
+      check_invariants: raise ``InvalidRules`` when the rules' invariants fail (``Analysis.invalid`` has rows),
+        whether the analysis was computed or read from the cache; ``False`` returns it with its rows (tests of
+        the invariants, a rule author's tooling).
+
+    Raises:
+      InvalidRules: the rules' ``invalid`` output has rows (with ``check_invariants``); nothing is to be built on
+        such an analysis (a broken identity, an unknown kernel class).
     """
+    analysis = _analyze(source, fn=fn, args=args, engine=engine, rules=rules, variant=variant, keep=keep,
+                        timeout_s=timeout_s, factory_arguments=factory_arguments, cache=cache)
+    if check_invariants and analysis.invalid:
+        raise InvalidRules(_invalid_message(analysis.invalid), analysis.invalid)
+    return analysis
+
+
+def _invalid_message(rows: Sequence[Invalid]) -> str:
+    """One line for the failed invariants ``rows`` (not empty): the first row, then how many more and where,
+    e.g. ``c.dl:1: ident_size: op 0: names 0 (4 elements) and 1 (8 elements) ... and 3 more: 2 ident_size at
+    c.dl:1, 1 self_conflict at rules/conflicts/conflicts.dl:44`` (the places, by first row, 5 at most)."""
+    first, rest = rows[0], rows[1:]
+    if not rest:
+        return str(first)
+    places: dict[tuple[str, str, int], int] = {}
+    for row in rest:
+        place = (row.check, row.file, row.line)
+        places[place] = places.get(place, 0) + 1
+    shown = [f"{count} {check} at {file}:{line}" for (check, file, line), count in list(places.items())[:5]]
+    etc = ", ..." if len(places) > 5 else ""
+    return f"{first} ... and {len(rest)} more: {', '.join(shown)}{etc}"
+
+
+def _analyze(
+    source: str | Program,
+    *,
+    fn: Callable[..., Any] | None,
+    args: Sequence[Any] | None,
+    engine: EngineName,
+    rules: str | Path | None,
+    variant: str,
+    keep: str | Path | None,
+    timeout_s: float,
+    factory_arguments: Mapping[str, Any] | None,
+    cache: bool,
+) -> Analysis:
+    """``analyze`` without the invariants' check: the analysis computed, or read from the cache."""
     chosen = pick_engine(engine)
     timings: dict[str, float] = {}
     start = time.perf_counter()
     chosen_variant = load_variant(variant)
     user_rules = Path(rules) if rules is not None else None
     keep_dir = Path(keep) if keep else None
+    # Assembled before the program is read and the cache asked: a bad --rules folder is an error either way,
+    # and the key holds every file the two programs read.
+    assembled = assemble(chosen_variant, user_rules=user_rules, stage=NDA)
+    conflict_program = assemble(chosen_variant, user_rules=user_rules, stage=CONFLICTS)
     if isinstance(source, Program):
         program: Program | None = source
         text, name = source.text, source.name
@@ -267,16 +317,14 @@ def analyze(
         text, name = load_program_text(source, args=args, fn=fn, factory_arguments=factory_arguments)
     key = None
     if cache and keep_dir is None and text and analysis_cache.enabled():
-        key = analysis_cache.analysis_key(
-            text=text, name=name, rule_files=_rule_files(user_rules) + _template_files(), variant=chosen_variant,
-            engine=chosen, extra=("program" if program is not None else "source",))
-        cached = analysis_cache.load(key)
+        with contextlib.suppress(RuleError):  # rules the preprocessor cannot read: the engine says why, uncached
+            key = analysis_cache.analysis_key(
+                text=text, name=name, sources=assembled.sources() + conflict_program.sources(),
+                variant=chosen_variant, engine=chosen, extra=("program" if program is not None else "source",))
+        cached = analysis_cache.load(key) if key is not None else None
         if isinstance(cached, Analysis):
             seconds = {"read": round(time.perf_counter() - start, 4)}
             return replace(cached, stats={**cached.stats, "seconds": seconds, "cache": "hit"})
-    # Assembled after the cache is asked (the key holds the rule files and templates they are made of).
-    assembled = assemble(chosen_variant, user_rules=user_rules, stage=NDA)
-    conflict_program = assemble(chosen_variant, user_rules=user_rules, stage=CONFLICTS)
     if program is None:
         program = read_text(text, source=name)
     timings["read"] = time.perf_counter() - start
@@ -311,17 +359,6 @@ def analyze(
     if key is not None:
         analysis_cache.store(key, analysis)
     return analysis
-
-
-def _rule_files(user_rules: Path | None) -> list[Path]:
-    """Every ``.dl`` file an analysis may read: the package's rules and a ``--rules`` folder's."""
-    folders = [resource_dir("rules")] + ([user_rules] if user_rules is not None and user_rules.is_dir() else [])
-    return [path for folder in folders for path in folder.rglob("*.dl")]
-
-
-def _template_files() -> list[Path]:
-    """The templates the programs are assembled from (``toast.datalog.variants``)."""
-    return sorted(path for path in resource_dir("templates").rglob("*") if path.is_file())
 
 
 @functools.lru_cache(maxsize=256)

@@ -26,15 +26,17 @@ def positive_seconds(text: str) -> float:
     return value
 
 
-MAX_MEMORY_GIB = float(1 << 30)  # an exbibyte per device: far above any accelerator, and exact in int64 bytes
-
-
 def memory_gib(text: str) -> float:
-    """Memory per device in GiB: finite, above 0, at most ``MAX_MEMORY_GIB``."""
+    """Memory per device in GiB: what the Python API takes (``toast.cost.hardware.memory_limit_gib``: finite, above
+    0, at most ``MAX_MEMORY_GIB``)."""
+    from toast.cost.hardware import MAX_MEMORY_GIB, memory_limit_gib
+
     value = number(text)
-    if not (math.isfinite(value) and 0 < value <= MAX_MEMORY_GIB):
+    try:
+        memory_limit_gib(value)
+    except ToastError:
         raise argparse.ArgumentTypeError(f"'{text}': give the memory per device in GiB, above 0 and at most "
-                                         f"{MAX_MEMORY_GIB:.0f}")
+                                         f"{MAX_MEMORY_GIB:.0f}") from None
     return value
 
 

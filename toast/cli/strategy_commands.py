@@ -288,6 +288,9 @@ def _given_roles(options: argparse.Namespace):
         return None
 
 
+SHOWN_ARGUMENTS = 10  # sharded arguments `toast autoshard` prints before its table (a T5 has ~1,200; -o has all)
+
+
 def _run_autoshard(options: argparse.Namespace, analysis, plan: SearchPlan) -> int:
     from toast.cost.model import Cost
     from toast.evaluation.compare import compare_manual
@@ -329,9 +332,13 @@ def _run_autoshard(options: argparse.Namespace, analysis, plan: SearchPlan) -> i
     if found.origin != "search":
         print(f"  the manual strategy {found.origin} ({roles_text(found.roles)}) beats what the search found: "
               f"toast's strategy is {found.origin}")
-    for tensor in document["arguments"]:
-        if any(entry is not None for entry in tensor["partition_spec"]):
-            print(f"  {tensor['name']}: {tensor['partition_spec']}")
+    sharded = [tensor for tensor in document["arguments"] if any(e is not None for e in tensor["partition_spec"])]
+    for tensor in sharded[:SHOWN_ARGUMENTS]:
+        print(f"  {tensor['name']}: {tensor['partition_spec']}")
+    if len(sharded) > SHOWN_ARGUMENTS:
+        rest = len(sharded) - SHOWN_ARGUMENTS
+        where = f"all in {options.output}" if options.output else "write them all with -o FILE"
+        print(f"  ... {rest} more sharded argument{'s' if rest > 1 else ''} ({where})")
     rows: list[tuple[str, Cost | None, bool, str]] = [("toast", result.cost, found.over_memory, "")]
     rows += [(row.name, row.cost, row.over_memory, row.reason) for row in manual]
     print("| strategy | step time | peak per device | over memory | relative cost |")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -158,6 +159,26 @@ class Hardware:
             if level.devices >= devices:
                 return index
         return len(self.interconnect) - 1
+
+
+MAX_MEMORY_GIB = float(1 << 30)  # an exbibyte per device: far above any accelerator, and exact in int64 bytes
+
+
+def memory_limit_gib(memory_gib: float | None) -> float | None:
+    """A memory limit per device in GiB, checked (every public entry point and ``--memory`` take it through this):
+    ``None`` (the profile's HBM) or a finite number above 0 and at most ``MAX_MEMORY_GIB``.
+
+    Raises:
+      ToastError: NaN (it compares false with every peak: nothing would ever be over it), infinite, 0 or less,
+        above ``MAX_MEMORY_GIB``, or not a number.
+    """
+    if memory_gib is None:
+        return None
+    if (isinstance(memory_gib, bool) or not isinstance(memory_gib, numbers.Real)
+            or not (math.isfinite(memory_gib) and 0 < memory_gib <= MAX_MEMORY_GIB)):
+        raise ToastError(f"memory_gib {memory_gib!r}: give the memory per device in GiB, a number above 0 and at most "
+                         f"{MAX_MEMORY_GIB:.0f}")
+    return float(memory_gib)
 
 
 def known_hardware() -> list[str]:

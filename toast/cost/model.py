@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -153,6 +154,9 @@ class CostModel:
         self.hardware = hardware
         self.memory_penalty = memory_penalty
         self.device_memory = float(device_memory if device_memory is not None else hardware.hbm_bytes)
+        if not (math.isfinite(self.device_memory) and self.device_memory > 0):  # NaN: every peak would fit
+            raise ToastError(f"device memory {device_memory!r}: give the memory per device in bytes, a finite number "
+                             "above 0")
         self.overlap = overlap
         self.communication = CommunicationModel(model)
         self._init_collective_algorithms()

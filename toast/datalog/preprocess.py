@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -54,6 +55,10 @@ class PreprocessedSource:
     text: str
     lines: tuple[SourceLocation, ...]
     """``lines[i]`` is the origin of output line ``i + 1``."""
+    files: tuple[tuple[str, str], ...] = ()
+    """``(path, text)`` of every file read, in the order read (the file of ``preprocess_file``, then each
+    ``#include``d file as often as it is included): all the output depends on besides the text given to
+    ``preprocess_text``. The analysis cache keys on them."""
 
     def location(self, line: int) -> SourceLocation:
         """Origin of 1-based output ``line``; lines past the end map to the last known line."""
@@ -82,6 +87,8 @@ class _State:
     out_lines: list[SourceLocation] = field(default_factory=list)
     stack: list[str] = field(default_factory=list)
     """Real paths of the files currently being included (for cycle detection)."""
+    files: list[tuple[str, str]] = field(default_factory=list)
+    """``(path, text)`` of every file read."""
 
 
 def preprocess_file(
@@ -97,7 +104,7 @@ def preprocess_file(
     """
     display = os.fspath(path)
     text = _read(display, None, None)
-    return preprocess_text(text, display, include_dirs, defines)
+    return _preprocess(text, display, include_dirs, defines, read=[(display, text)])
 
 
 def preprocess_text(
@@ -110,24 +117,40 @@ def preprocess_text(
 
     ``path`` is used for ``__FILE__``, for error messages and to resolve relative includes.
     """
+    return _preprocess(text, os.fspath(path), include_dirs, defines, read=[])
+
+
+def _preprocess(
+    text: str,
+    path: str,
+    include_dirs: Sequence[str | os.PathLike[str]],
+    defines: Mapping[str, str] | None,
+    *,
+    read: list[tuple[str, str]],
+) -> PreprocessedSource:
+    """Preprocess ``text`` of the file at ``path``; ``read``: the files read so far (``(path, text)``)."""
     state = _State(
         include_dirs=tuple(os.fspath(d) for d in include_dirs),
         macros=dict(defines or {}),
+        files=read,
     )
-    _process(os.fspath(path), text, state)
-    return PreprocessedSource("\n".join(state.out_text), tuple(state.out_lines))
+    _process(path, text, state)
+    return PreprocessedSource("\n".join(state.out_text), tuple(state.out_lines), tuple(state.files))
 
 
 def _read(path: str, including: str | None, line: int | None) -> str:
-    """Read a source file, reporting failures against the including directive if any."""
+    """Read a source file, reporting failures against the including directive if any. Only a regular file
+    is read: a FIFO would block and a directory is no source."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            return handle.read()
+        if stat.S_ISREG(os.stat(path).st_mode):
+            with open(path, encoding="utf-8") as handle:
+                return handle.read()
+        reason = "not a regular file"
     except (OSError, UnicodeDecodeError) as err:
         reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
-        if including is None:
-            raise RuleError(path, None, f"cannot read file: {reason}") from None
-        raise RuleError(including, line, f"cannot read include file '{path}': {reason}") from None
+    if including is None:
+        raise RuleError(path, None, f"cannot read file: {reason}")
+    raise RuleError(including, line, f"cannot read include file '{path}': {reason}")
 
 
 def _process(path: str, text: str, state: _State) -> None:
@@ -254,7 +277,9 @@ def _include(argument: str, state: _State, path: str, line: int) -> None:
         cycle = state.stack[state.stack.index(real) :] + [real]
         chain = " -> ".join(os.path.basename(p) for p in cycle)
         raise RuleError(path, line, f"include cycle: {chain}")
-    _process(resolved, _read(resolved, path, line), state)
+    text = _read(resolved, path, line)
+    state.files.append((resolved, text))
+    _process(resolved, text, state)
 
 
 def _split_segments(line: str, in_comment: bool) -> tuple[list[tuple[str, str]], bool]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from toast.datalog.preprocess import preprocess_text
 from toast.errors import RuleError, ToastError
 from toast.facts.schema import CONFLICTS, NDA, Stage
 from toast.resources import resource_dir, template
@@ -55,6 +56,12 @@ class AssembledProgram:
     variant: Variant
     text: str
     rule_files: tuple[Path, ...]
+
+    def sources(self) -> tuple[tuple[str, str], ...]:
+        """``(path, text)`` of the program (under ``PROGRAM_NAME``) and of every file it reads, in the order
+        read: the rule files and whatever they ``#include``, as the preprocessor finds them. All the program
+        depends on (the analysis cache's key); a ``RuleError`` where the preprocessor fails."""
+        return ((PROGRAM_NAME, self.text), *preprocess_text(self.text, PROGRAM_NAME).files)
 
 
 def load_variant(name_or_path: str = "default") -> Variant:
@@ -114,6 +121,8 @@ def assemble(variant: Variant, *, user_rules: Path | None = None, stage: Stage =
         if not user_rules.is_dir():
             raise ToastError(f"--rules {user_rules}: not a directory")
         for path in sorted(user_rules.rglob("*.dl")):
+            if not path.is_file():  # a folder would fail to read and a FIFO block the read forever
+                raise RuleError(str(path), None, "not a regular file (a rule file is a regular *.dl file)")
             relative = path.relative_to(user_rules).as_posix()
             if relative in stage_rules:
                 overridden.add(relative)

@@ -45,6 +45,7 @@ import math
 import os
 import re
 import signal
+import stat
 import time
 import tomllib
 from collections.abc import Callable, Generator, Iterator, Sequence
@@ -88,6 +89,11 @@ class Job:
     rules: str = ""
     engine: str = DEFAULT_ENGINE
 
+    def __post_init__(self) -> None:
+        from toast.cost.hardware import memory_limit_gib
+
+        memory_limit_gib(self.memory_gib)  # a NaN limit would make every strategy fit
+
     @property
     def key(self) -> str:
         """A file name made of the job's settings (``gemma_small__batch4-model2__a100_80gb__hbm__s0__r2000``;
@@ -118,6 +124,8 @@ def load_sweep(path: str | Path) -> Sweep:
     Raises:
       InputError: one line naming the file (and line, for a TOML syntax error) and the problem.
     """
+    from toast.cost.hardware import MAX_MEMORY_GIB, memory_limit_gib
+
     path = Path(path)
     try:
         document = tomllib.loads(path.read_text())
@@ -147,10 +155,12 @@ def load_sweep(path: str | Path) -> Sweep:
     for value in memory_values if isinstance(memory_values, list) and memory_values else [False]:
         if value == "hbm":
             memory.append(None)
-        elif isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
-            memory.append(float(value))
-        else:
-            raise InputError(f"{path}: [sweep] memory must list GiB per device (numbers above 0) or \"hbm\"")
+            continue
+        try:
+            memory.append(memory_limit_gib(value))  # what toast.autoshard and --memory take; refuses a bool
+        except ToastError:
+            raise InputError(f"{path}: [sweep] memory must list GiB per device (numbers above 0, at most "
+                             f"{MAX_MEMORY_GIB:.0f}) or \"hbm\"") from None
     seeds = table.get("seeds", [0])
     if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
                                                             for s in seeds):
@@ -319,17 +329,34 @@ def _sweep_in(jobs: Sequence[Job], out: Path, folder: Path, *, workers: int, ray
 
 @contextlib.contextmanager
 def _locked(out: Path) -> Iterator[None]:
-    """Hold ``out/.lock`` (an advisory lock, released when the process ends however it ends)."""
+    """Hold ``out/.lock`` (an advisory lock, released when the process ends however it ends).
+
+    Raises:
+      ToastError: another sweep holds it, or ``out/.lock`` is a link or not a regular file (refused, not
+        followed), or the folder cannot be written.
+    """
     try:
         import fcntl
     except ImportError:  # not POSIX: no lock
         yield
         return
     path = out / ".lock"
+    # Never through a link: a symbolic link (or a hard link) planted at DIR/.lock would have the sweep truncate
+    # and write its target. O_NONBLOCK: opening a FIFO planted there does not wait for a writer.
+    flags = (os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+             | getattr(os, "O_NONBLOCK", 0))
     try:
-        handle = open(path, "a+")  # noqa: SIM115 - held for the block
+        descriptor = os.open(path, flags, 0o600)
     except OSError as err:
+        if os.path.islink(path):
+            raise ToastError(f"-o {out}: {path} is a symbolic link, not the sweep's lock file; remove it") from None
         raise ToastError(f"-o {out}: cannot write the sweep's folder: {err.strerror}") from None
+    status = os.fstat(descriptor)
+    if not stat.S_ISREG(status.st_mode) or status.st_nlink != 1:
+        os.close(descriptor)
+        what = "a link to another file" if stat.S_ISREG(status.st_mode) else "not a regular file"
+        raise ToastError(f"-o {out}: {path} is {what}, not the sweep's lock file; remove it")
+    handle = os.fdopen(descriptor, "r+")
     try:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)

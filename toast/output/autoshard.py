@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from toast.cost.hardware import Hardware, load_hardware
+from toast.cost.hardware import Hardware, load_hardware, memory_limit_gib
 from toast.errors import ToastError
 from toast.output.strategy_file import strategy_json
 from toast.search.base import SearchSettings
@@ -140,9 +140,14 @@ def autoshard(fn: Callable[..., Any], *example_args: Any, mesh: str | Mesh, hard
 
     Returns:
       the strategy; ``.over_memory`` says when no strategy found fits the memory limit.
+
+    Raises:
+      ToastError: ``memory_gib`` NaN, infinite, 0 or less or above 2**30 (before the analysis), a bad mesh or
+        profile, or the analysis's and search's own errors.
     """
     from toast.analysis.named_dimensions import analyze
 
+    memory_gib = memory_limit_gib(memory_gib)  # before the analysis
     mesh = parse_mesh(mesh) if isinstance(mesh, str) else mesh
     profile = hardware if isinstance(hardware, Hardware) else load_hardware(hardware)
     settings = settings or SearchSettings(seed=seed, rollouts=rollouts, seconds=seconds)

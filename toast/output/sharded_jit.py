@@ -3,6 +3,7 @@
     >>> fn, args = toast.examples.mlp.mlp()
     >>> sharded = sharded_jit("strategy.json", fn, args)   # doctest: +SKIP
     >>> out = sharded(*real_args)                           # doctest: +SKIP
+    >>> sharded = sharded_jit(toast.autoshard(fn, *args, mesh="batch=4,model=2"), fn)  # doctest: +SKIP
 
 The strategy file (``toast shard -o``) gives one ``PartitionSpec`` per argument and result of
 the lowered ``@main``; they become ``in_shardings``/``out_shardings`` over a
@@ -20,9 +21,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from toast.errors import ToastError
+
+
+class StrategyLike(Protocol):
+    """What ``sharded_jit`` reads of a ``toast.Strategy`` (named so, not imported: ``Strategy.apply`` calls
+    ``sharded_jit``)."""
+
+    @property
+    def document(self) -> dict[str, Any]: ...
+
+    @property
+    def example_args(self) -> tuple[Any, ...] | None: ...
 
 
 def named_shardings(strategy: dict[str, Any], *, devices: Sequence[Any] | None = None) -> tuple[Any, list, list]:
@@ -51,24 +63,36 @@ def named_shardings(strategy: dict[str, Any], *, devices: Sequence[Any] | None =
     return mesh, [sharding(a) for a in strategy["arguments"]], [sharding(r) for r in strategy["results"]]
 
 
-def sharded_jit(strategy: dict[str, Any] | str | Path, fn: Callable[..., Any], args: Sequence[Any], *,
-                devices: Sequence[Any] | None = None) -> Callable[..., Any]:
+def sharded_jit(strategy: StrategyLike | dict[str, Any] | str | Path, fn: Callable[..., Any],
+                args: Sequence[Any] | None = None, *, devices: Sequence[Any] | None = None) -> Callable[..., Any]:
     """``jax.jit(fn, in_shardings=..., out_shardings=...)`` for the strategy.
 
     Args:
-      strategy: a strategy document or the path of a strategy file.
+      strategy: a ``toast.Strategy`` (what ``toast.autoshard`` and ``toast.load_strategy`` return), a strategy
+        document, or the path of a strategy file.
       fn: the function the strategy was made for.
-      args: example arguments (arrays or ``jax.ShapeDtypeStruct``), as given to ``toast``.
+      args: example arguments (arrays or ``jax.ShapeDtypeStruct``), as given to ``toast`` (default: those a
+        ``Strategy`` from ``toast.autoshard`` holds).
       devices: devices for the mesh (default ``jax.devices()``).
 
     Raises:
-      ToastError: the strategy was made for another program, or there are too few devices.
+      ToastError: the strategy was made for another program, there are too few devices, or no example
+        arguments are known.
     """
     import jax
 
     from toast.frontend.stablehlo import lower_callable, read_text
     from toast.output.strategy_file import read_strategy_document
 
+    if not isinstance(strategy, dict | str | Path):  # a toast.Strategy
+        if not isinstance(getattr(strategy, "document", None), dict):
+            raise ToastError(f"sharded_jit: not a strategy: {type(strategy).__name__} (give a toast.Strategy, a "
+                             "strategy document or a strategy file's path)")
+        args = strategy.example_args if args is None else args
+        strategy = strategy.document
+    if args is None:
+        raise ToastError("sharded_jit(strategy, fn, args): give the example arguments the strategy was made for (a "
+                         "strategy read from a file does not hold them)")
     document = read_strategy_document(strategy)
     program = read_text(lower_callable(fn, args), source=getattr(fn, "__name__", "fn"))
     if program.fingerprint() != document["fingerprint"]:

@@ -14,6 +14,7 @@ import base64
 import functools
 import json
 import math
+import re
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -153,13 +154,49 @@ def schema_problem(document: Any, name: str) -> str:
     return f"{error.message}{where}"
 
 
+class _NonStandardConstant(ValueError):
+    """``NaN``, ``Infinity`` or ``-Infinity`` in a file: Python's ``json`` reads them, JSON has none."""
+
+
+def _refuse_constant(name: str) -> Any:
+    raise _NonStandardConstant(name)
+
+
+# A JSON string (skipped: "NaN" may be a name) or a non-standard constant.
+_CONSTANT = re.compile(r'"(?:[^"\\]|\\.)*"|(-?Infinity|NaN)')
+
+
+def _constant_position(text: str) -> tuple[int, int]:
+    """``(line, column)``, from 1, of the first ``NaN``/``Infinity`` outside a string of ``text``."""
+    for match in _CONSTANT.finditer(text):
+        if match.group(1):
+            start = match.start(1)
+            return text.count("\n", 0, start) + 1, start - text.rfind("\n", 0, start)
+    return 1, 1
+
+
+def _non_finite(value: Any, where: str) -> str:
+    """The JSON path (``cost.step_time_s``) of the first NaN or infinite number in a loaded document, ``""``
+    where there is none."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return where or "the document"
+    items = (value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ())
+    for key, item in items:
+        found = _non_finite(item, f"{where}[{key}]" if isinstance(key, int) else f"{where}.{key}" if where else key)
+        if found:
+            return found
+    return ""
+
+
 def read_strategy_document(source: str | Path | dict[str, Any]) -> dict[str, Any]:
     """A strategy document, checked: the file at ``source`` or a document already loaded. Every
     consumer (``toast validate``, ``sharded_jit``) reads strategies through this.
 
     Raises:
-      ToastError: unreadable, not JSON (``path:line:col``), not conforming to the strategy
-        schema (``schema("strategy")``), or naming mesh axes the mesh lacks.
+      ToastError: unreadable, not JSON (``path:line:col``; ``NaN`` and ``Infinity`` are not JSON, and a
+        number past float's range is refused too), not conforming to the strategy schema
+        (``schema("strategy")``), naming mesh axes the mesh lacks, or with collectives whose bytes the
+        mesh's axis sizes contradict (a mesh edited after the file was written).
     """
     if isinstance(source, dict):
         document, where = source, "strategy"
@@ -171,10 +208,22 @@ def read_strategy_document(source: str | Path | dict[str, Any]) -> dict[str, Any
             reason = err.strerror if isinstance(err, OSError) else "not UTF-8 text"
             raise ToastError(f"{where}: cannot read: {reason}") from None
         try:
-            document = json.loads(text)
+            document = json.loads(text, parse_constant=_refuse_constant)
         except json.JSONDecodeError as err:
             raise ToastError(f"{where}:{err.lineno}:{err.colno}: not a strategy file "
                              f"(invalid JSON: {err.msg})") from None
+        except _NonStandardConstant as err:
+            line, column = _constant_position(text)
+            raise ToastError(f"{where}:{line}:{column}: not a strategy file (invalid JSON: {err.args[0]} is not "
+                             "a JSON number)") from None
+        except RecursionError:
+            raise ToastError(f"{where}: not a strategy file (JSON nested too deeply)") from None
+    try:
+        found = _non_finite(document, "")  # a document given loaded, or a number past float's range (1e999)
+    except RecursionError:
+        raise ToastError(f"{where}: not a strategy file (nested too deeply)") from None
+    if found:
+        raise ToastError(f"{where}: not a strategy file: {found} is not a finite number (costs and sizes are)")
     problem = schema_problem(document, "strategy")
     if problem:
         raise ToastError(f"{where}: not a valid strategy file: {problem} (write one with `toast shard -o`)")
@@ -196,7 +245,36 @@ def read_strategy_document(source: str | Path | dict[str, Any]) -> dict[str, Any
                     raise ToastError(f"{where}: {kind}[{k}] ({tensor['name']}): dim {dim} of size "
                                      f"{tensor['shape'][dim]} is not divisible by the {devices} devices of "
                                      f"{'+'.join(entry_axes)}")
+    _check_collective_sizes(document, sizes, where=where)
     return document
+
+
+def _check_collective_sizes(document: dict[str, Any], sizes: dict[str, int], *, where: str) -> None:
+    """What the mesh's axis sizes imply for the file's collectives, without the program: an all-gather's result is
+    its operand on each device of its axes (a reduce-scatter's operand the reverse), so their bytes per device are
+    in the ratio of the axes' devices (to within a byte per device where sub-byte elements are packed). A mesh
+    edited after the file was written (``batch=2,model=4`` made ``batch=4,model=2``) breaks it."""
+    mesh = ",".join(f"{axis}={size}" for axis, size in sizes.items())
+    for k, collective in enumerate(document.get("collectives", ())):
+        unknown = sorted(set(collective["axes"]) - set(sizes))
+        if unknown:
+            raise ToastError(f"{where}: collectives[{k}]: names mesh axis '{unknown[0]}', which the mesh "
+                             f"{sorted(sizes)} lacks")
+        devices = math.prod(sizes[axis] for axis in collective["axes"])
+        kind, bytes_in, bytes_out = collective["kind"], collective["bytes_in"], collective["bytes_out"]
+        if kind == "all-gather":
+            small, large = bytes_in, bytes_out
+        elif kind == "reduce-scatter":
+            small, large = bytes_out, bytes_in
+        else:
+            continue  # an all-reduce or all-to-all moves as many bytes as it keeps: no size to check
+        if not small * devices - (devices - 1) <= large <= small * devices:
+            raise ToastError(f"{where}: the mesh {mesh} does not match the strategy's collectives: collectives[{k}] "
+                             f"({kind} over {'+'.join(collective['axes'])}) takes {bytes_in} bytes per device to "
+                             f"{bytes_out}, not a ratio of {devices} devices; was the mesh edited? {_REWRITE}")
+
+
+_REWRITE = "Write the file again on the mesh you want (`toast shard -o` or `toast autoshard -o`)"
 
 
 def strategy_hardware(document: dict[str, Any], *, path: str | Path) -> Hardware:
@@ -225,7 +303,9 @@ def strategy_state(model: ShardingModel, document: dict[str, Any], *, path: str 
 
     Raises:
       ToastError: the file was written for another program (fingerprint), another analysis
-        (name count or variant), or another mesh, or its state is malformed.
+        (name count or variant), or another mesh, its state is malformed, or its specs or collectives are
+        not what its state gives on its mesh (an edited file: a mesh whose sizes were changed shows in the
+        collectives' bytes).
     """
     program = model.analysis.program
     fingerprint = program.fingerprint()
@@ -268,4 +348,32 @@ def strategy_state(model: ShardingModel, document: dict[str, Any], *, path: str 
                                      "edited? Write it with `toast shard -o`")
         if len(document[kind]) != len(expected):
             raise ToastError(f"{path}: {len(document[kind])} {kind}, the program has {len(expected)}")
+    if "collectives" in document:
+        _check_collectives(model, found, document["collectives"], path=path)
     return found
+
+
+def _check_collectives(model: ShardingModel, state: ShardingState, listed: Sequence[dict[str, Any]], *,
+                       path: str | Path) -> None:
+    """The file's collectives must be those its state needs on its mesh: their bytes per device follow from the
+    mesh's axis sizes, so a mesh edited after the file was written (the axes kept, their sizes changed, which
+    leaves the state and the specs valid) shows here. Value names and locations are not compared: a value's name
+    may come from where the program's source lies, which the fingerprint leaves out."""
+    from toast.cost.collectives import CommunicationModel
+
+    program = model.analysis.program
+    needed = [_collective_json(program, c) for c in CommunicationModel(model).collectives(state)]
+    mesh = model.mesh.spec()
+    for k, (given, wanted) in enumerate(zip(listed, needed, strict=False)):
+        what = f"the {wanted['kind']} of {wanted['value']} over {'+'.join(wanted['axes'])}"
+        if any(given.get(key, wanted[key]) != wanted[key] for key in ("kind", "axes", "op", "operand")):
+            raise ToastError(f"{path}: collectives[{k}] ({given['kind']} over {'+'.join(given['axes'])}) is not what "
+                             f"the state needs on mesh {mesh} ({what}); was the file edited? {_REWRITE}")
+        side, verb = ("bytes_in", "moves") if given["bytes_in"] != wanted["bytes_in"] else ("bytes_out", "gives")
+        if given[side] != wanted[side]:
+            raise ToastError(f"{path}: the mesh {mesh} does not match the strategy's state: collectives[{k}] "
+                             f"({what}) {verb} {wanted[side]} bytes per device on this mesh, the file says "
+                             f"{given[side]}; was the mesh edited? {_REWRITE}")
+    if len(listed) != len(needed):
+        raise ToastError(f"{path}: {len(listed)} collectives, the state needs {len(needed)} on mesh {mesh}; was the "
+                         f"file edited? {_REWRITE}")

@@ -10,7 +10,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from toast.cost.hardware import Hardware
+from toast.cost.hardware import Hardware, memory_limit_gib
 from toast.cost.model import Cost, CostModel
 from toast.errors import ToastError
 from toast.search.actions import ActionSpace
@@ -102,8 +102,7 @@ def find_strategy(analysis, mesh: Mesh, hardware: Hardware, *,
       progress: called as the search goes (``toast.search.base.Progress``).
       search: the search to run (``toast.search.base.SearchFn``; default MCTS, ``toast.search.mcts.search``).
     """
-    if memory_gib is not None and memory_gib <= 0:
-        raise ToastError(f"--memory {memory_gib:g}: give the memory per device in GiB, more than 0")
+    memory_gib = memory_limit_gib(memory_gib)
     device_memory = float(memory_gib * GIB) if memory_gib is not None else float(hardware.hbm_bytes)
     model = ShardingModel(analysis, mesh)
     space = ActionSpace(model, min_names=settings.min_names, mirror_layers=settings.mirror_layers,
