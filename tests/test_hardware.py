@@ -12,7 +12,8 @@ from toast.cost.network import axis_spans
 from toast.resources import resource_dir
 
 BUNDLED = [
-    "a100_40gb", "a100_80gb", "b200", "h100", "h200", "p100", "tpu_v3", "tpu_v4", "tpu_v5e", "tpu_v5p", "v100",
+    "a100_40gb", "a100_80gb", "b200", "h100", "h200", "p100", "tpu_v3", "tpu_v4", "tpu_v5e", "tpu_v5p", "tpu_v6e",
+    "v100",
 ]
 
 USER_PROFILE = """\
@@ -102,6 +103,11 @@ def test_datasheet_ordering():
     assert load_hardware("a100_80gb").hbm_bandwidth > load_hardware("a100_40gb").hbm_bandwidth
     assert peak["tpu_v4"]["bf16"] > peak["tpu_v3"]["bf16"]
     assert peak["tpu_v5p"]["bf16"] > peak["tpu_v4"]["bf16"]
+    # Trillium: 4.7x v5e's peak per chip, twice its HBM and ICI (the v5e and v6e pages of Cloud TPU's docs).
+    v5e, v6e = load_hardware("tpu_v5e"), load_hardware("tpu_v6e")
+    assert (peak["tpu_v6e"]["bf16"], v6e.hbm_bytes, v6e.hbm_bandwidth) == (918e12, 32e9, 1638e9)
+    assert peak["tpu_v6e"]["bf16"] / peak["tpu_v5e"]["bf16"] == pytest.approx(4.66, abs=0.01)
+    assert v6e.hbm_bytes == 2 * v5e.hbm_bytes
 
 
 def test_flops_falls_back_for_unlisted_dtypes():
