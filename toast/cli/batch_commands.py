@@ -81,9 +81,8 @@ def _calibrate_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _calibrate(options: argparse.Namespace) -> int:
     import datetime
-    import json
 
-    from toast.cost.calibration import fit_collectives, read_nccl_tests
+    from toast.cost.calibration import OUTLIER_RATIO, fit_collectives, read_nccl_tests, shown
     from toast.cost.hardware import load_hardware
     from toast.output.files import Output, check_output, write_outputs
     from toast.output.profile_file import calibrated_profile_text
@@ -99,11 +98,9 @@ def _calibrate(options: argparse.Namespace) -> int:
     curves = [read_nccl_tests(path) for path in options.nccl_tests]
     document = None
     if options.kernels_from:
-        try:
-            document = json.loads(Path(options.kernels_from).read_text())
-        except (OSError, UnicodeDecodeError, ValueError) as error:
-            raise ToastError(f"{options.kernels_from}: not a microbenchmark document ({error.__class__.__name__})") \
-                from None
+        from toast.cost.microbench import read_microbench
+
+        document = read_microbench(options.kernels_from)
     elif options.kernels:
         import jax
 
@@ -114,28 +111,45 @@ def _calibrate(options: argparse.Namespace) -> int:
         from toast.cost.microbench import measure_kernels
 
         document = measure_kernels(progress=lambda line: print(line, file=sys.stderr, flush=True))
-    parameters: dict = {}
-    if curves:
-        print(f"fitting profile '{base.name}' to {len(curves)} nccl-tests output{'s' if len(curves) > 1 else ''}")
-        fit = fit_collectives(curves, [base] * len(curves))
-        parameters = fit.parameters
-        for curve, ratios in zip(curves, fit.ratios, strict=True):
-            print(f"{curve.source}: {curve.kind}, {curve.ranks} ranks on {curve.nodes} node{'s' * (curve.nodes > 1)}")
-            print(f"  {'bytes':>12} {'measured':>10} {'model':>10} {'model/measured':>14}")
-            for size, seconds, ratio in zip(curve.sizes, curve.seconds, ratios.tolist(), strict=True):
-                print(f"  {size:>12} {human_seconds(seconds):>10} {human_seconds(seconds * ratio):>10} "
-                      f"{ratio:>14.2f}")
-        for (level, field), value in sorted(parameters.items()):
-            print(f"interconnect[{level}] ({base.interconnect[level].name}).{field} = {value:.4g} "
-                  f"(was {getattr(base.interconnect[level], field):.4g})")
+    # Everything is worked out and written before anything is printed: an error prints its line alone.
     kernel_fields: dict[str, float] = {}
     if document is not None:
         from toast.cost.microbench import kernel_numbers
 
-        kernel_fields = kernel_numbers(document, base)
-        print(f"kernels measured on {document.get('device', 'an unnamed device')} ({document.get('date', 'no date')}):")
-        for field, value in kernel_fields.items():
-            print(f"  kernels.{field} = {value:.4g} (was {getattr(base, field):.4g})")
+        try:
+            kernel_fields = kernel_numbers(document, base)
+        except ToastError as error:
+            raise ToastError(f"{shown(options.kernels_from)}: {error}" if options.kernels_from else str(error)) \
+                from None
+    report: list[str] = []
+    parameters: dict = {}
+    if curves:
+        report.append(f"fitting profile '{base.name}' to {len(curves)} nccl-tests output{'s' * (len(curves) > 1)}")
+        fit = fit_collectives(curves, [base] * len(curves), outlier_ratio=OUTLIER_RATIO)
+        parameters = fit.parameters
+        left_out = {(outlier.curve, outlier.row) for outlier in fit.outliers}
+        for index, (curve, ratios) in enumerate(zip(curves, fit.ratios, strict=True)):
+            report.append(f"{curve.source}: {curve.kind}, {curve.ranks} ranks on {curve.nodes} "
+                          f"node{'s' * (curve.nodes > 1)}")
+            report.append(f"  {'bytes':>12} {'measured':>10} {'model':>10} {'model/measured':>14}")
+            for row, (size, seconds, ratio) in enumerate(zip(curve.sizes, curve.seconds, ratios.tolist(), strict=True)):
+                mark = "  outlier, left out" if (index, row) in left_out else ""
+                report.append(f"  {size:>12} {human_seconds(seconds):>10} {human_seconds(seconds * ratio):>10} "
+                              f"{ratio:>14.2f}{mark}")
+        if fit.outliers:
+            report.append(f"{len(fit.outliers)} outlier{'s' * (len(fit.outliers) > 1)} left out of the fit (the model "
+                          f"fitted to the other rows misses {'them' if len(fit.outliers) > 1 else 'it'} by more than "
+                          f"{OUTLIER_RATIO:g}x):")
+            report.extend(f"  {outlier.where}: {outlier.size} bytes measured {human_seconds(outlier.seconds)}, "
+                          f"fitted {human_seconds(outlier.fitted)}" for outlier in fit.outliers)
+        report.extend(f"interconnect[{level}] ({base.interconnect[level].name}).{field} = {value:.4g} "
+                      f"(was {getattr(base.interconnect[level], field):.4g})"
+                      for (level, field), value in sorted(parameters.items()))
+    if document is not None:
+        report.append(f"kernels measured on {document.get('device', 'an unnamed device')} "
+                      f"({document.get('date', 'no date')}):")
+        report.extend(f"  kernels.{field} = {value:.4g} (was {getattr(base, field):.4g})"
+                      for field, value in kernel_fields.items())
     measured = [Path(path).name for path in [*options.nccl_tests, *([options.kernels_from] if options.kernels_from
                                                                      else [])]]
     if options.kernels:
@@ -143,7 +157,8 @@ def _calibrate(options: argparse.Namespace) -> int:
     source = f"C1: toast calibrate on {', '.join(measured)} ({datetime.date.today().isoformat()})"
     text = calibrated_profile_text(base, parameters, name=output.stem, source=source, kernels=kernel_fields)
     write_outputs([Output("-o", output, text)])
-    print(f"wrote {output}")
+    print("\n".join(report))
+    print(f"wrote {shown(output)}")
     return 0
 
 

@@ -19,9 +19,11 @@ scatter-add rates. ``matmul_overhead`` is fitted to whole programs (``benchmarks
 from __future__ import annotations
 
 import datetime
+import json
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -188,45 +190,142 @@ def _indexing_cases(cases: _Cases) -> None:
                        features=features)
 
 
+MAX_DOCUMENT_BYTES = 16 << 20
+"""The largest microbenchmark document read, bytes (``measure_kernels``' is about 20 KB)."""
+MAX_CASES = 10_000
+"""The most cases a microbenchmark document may hold (``measure_kernels`` runs about 80)."""
+OVER_PEAK = 1.2
+"""How far over a profile's peak a measured rate may be (a clock above the datasheet's) before the document is
+refused as another device's or wrong; a rate up to it counts as the peak."""
+# The fields of a case that are numbers: (whole numbers only, required, lowest, highest). Times as
+# ``toast.cost.calibration`` believes them; counts of FLOPs and bytes no device does in 10^4 s past the highest.
+_CASE_NUMBERS: dict[str, tuple[bool, bool, float, float]] = {
+    "seconds": (False, True, 1e-9, 1e4), "flops": (False, True, 0.0, 1e24), "bytes": (False, True, 0.0, 1e24),
+    "kernels": (True, True, 0, 10_000_000), "rows": (True, False, 1, 1 << 48), "features": (True, False, 1, 1 << 48)}
+_CASE_TEXTS = ("name", "kind", "dtype")
+_DOCUMENT_TEXTS = ("device", "platform", "date")
+
+
+def read_microbench(path: str | Path) -> dict:
+    """The microbenchmark document (``measure_kernels``' JSON) saved in ``path``, read within
+    ``MAX_DOCUMENT_BYTES`` whatever the file is; ``kernel_numbers`` checks what it holds.
+
+    Raises:
+      ToastError: it cannot be read, is too large, or is not UTF-8 JSON (``file:line:column``).
+    """
+    from toast.cost.calibration import read_bounded, shown
+
+    data = read_bounded(path, what="microbenchmark document", max_bytes=MAX_DOCUMENT_BYTES)
+    where = shown(path)
+    try:
+        return json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ToastError(f"{where}: not UTF-8 text: not a microbenchmark document") from None
+    except json.JSONDecodeError as error:
+        raise ToastError(f"{where}:{error.lineno}:{error.colno}: not JSON: {error.msg}") from None
+    except (ValueError, RecursionError) as error:  # a number of thousands of digits; nesting past the stack
+        raise ToastError(f"{where}: not a microbenchmark document ({error.__class__.__name__})") from None
+
+
+def _checked_cases(document: object) -> list[dict]:
+    """The cases of a microbenchmark document, each field a string or a number in its range.
+
+    Raises:
+      ToastError: not a JSON object with a list of cases, or a case's field of the wrong type or range.
+    """
+    if not isinstance(document, dict) or not isinstance(document.get("cases"), list):
+        raise ToastError("not a microbenchmark document: a JSON object with a list 'cases'")
+    for field in _DOCUMENT_TEXTS:
+        if field in document and not (isinstance(document[field], str) and len(document[field]) <= 200
+                                      and document[field].isprintable()):
+            raise ToastError(f"'{field}' must be a line of text, not {_shown_value(document[field])}")
+    cases = document["cases"]
+    if len(cases) > MAX_CASES:
+        raise ToastError(f"{len(cases)} cases: a microbenchmark document holds at most {MAX_CASES}")
+    for index, case in enumerate(cases):
+        if not isinstance(case, dict):
+            raise ToastError(f"cases[{index}] must be a JSON object, not {_shown_value(case)}")
+        for field in _CASE_TEXTS:
+            if (field in case or field == "name") and not (isinstance(case.get(field), str)
+                                                           and len(case[field]) <= 200):
+                raise ToastError(f"cases[{index}].{field} must be a string, not {_shown_value(case.get(field))}")
+        for field, (whole, required, lowest, highest) in _CASE_NUMBERS.items():
+            if field not in case and not required:
+                continue
+            value = case.get(field)
+            kind = int if whole else (int, float)
+            # bool is an int in Python, and true is no count of anything.
+            if isinstance(value, bool) or not isinstance(value, kind) or not lowest <= value <= highest:
+                raise ToastError(f"cases[{index}] ({ascii(case['name'][:60])}): {field} must be a "
+                                 f"{'whole ' if whole else ''}number from {lowest:g} to {highest:g}, not "
+                                 f"{_shown_value(value)}")
+    return cases
+
+
+def _shown_value(value: object) -> str:
+    """A JSON value as a message shows it: its repr cut to 40 characters."""
+    text = ascii(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def kernel_numbers(document: dict, hardware: Hardware) -> dict[str, float]:
     """The measured ``[kernels]`` numbers of a ``measure_kernels`` document, against ``hardware``'s peaks.
 
     Raises:
-      ToastError: a case the derivation needs is missing, or a time leaves nothing after the overheads.
+      ToastError: a field of the wrong type or out of range (``_checked_cases``); a case the derivation needs
+        is missing; a time leaves nothing after the overheads; a rate more than ``OVER_PEAK`` times the
+        profile's peak.
     """
+    cases_list = _checked_cases(document)
     try:
-        cases = {case["name"]: case for case in document["cases"]}
-        step = min(float(case["seconds"]) for case in document["cases"]
-                   if case.get("kind") == "elementwise" and case.get("kernels") == 1)
-        chains = sorted((case for case in document["cases"] if case.get("kind") == "launch"),
+        cases = {case["name"]: case for case in cases_list}
+        step = min(float(case["seconds"]) for case in cases_list
+                   if case.get("kind") == "elementwise" and case["kernels"] == 1)
+        chains = sorted((case for case in cases_list if case.get("kind") == "launch"),
                         key=lambda case: case["kernels"])
         short, long = chains[0], chains[-1]
-        kernel = (long["seconds"] - short["seconds"]) / (long["kernels"] - short["kernels"])
-        matmul = max((case for case in document["cases"] if case["name"].startswith("matmul_bf16_")),
+        matmul = max((case for case in cases_list if case["name"].startswith("matmul_bf16_")),
                      key=lambda case: case["flops"])
-        streaming = max((case for case in document["cases"] if case["name"].startswith("elementwise_f32_2^")),
+        streaming = max((case for case in cases_list if case["name"].startswith("elementwise_f32_2^")),
                         key=lambda case: case["bytes"])
         scatters = {bits: cases[name] for bits, name in ((32, "scatter_add_f32_1000000x256"),
                                                          (16, "scatter_add_bf16_1000000x256"))}
-    except (KeyError, TypeError, ValueError, IndexError, ZeroDivisionError) as error:
+    except (KeyError, ValueError, IndexError) as error:
         raise ToastError(f"the microbenchmark document lacks a case the [kernels] numbers need ({error})") from None
+    for case in scatters.values():
+        if "rows" not in case or "features" not in case:
+            raise ToastError(f"microbenchmark {ascii(case['name'])} needs its 'rows' and 'features'")
+    if long["kernels"] <= short["kernels"]:
+        raise ToastError("the chains of tiny kernels (kind 'launch') need two different kernel counts")
+    kernel = (long["seconds"] - short["seconds"]) / (long["kernels"] - short["kernels"])
+    if kernel <= 0:
+        raise ToastError("the chains of tiny kernels do not take longer with more kernels: no per-kernel overhead")
 
     def busy(case: dict) -> float:
         seconds = float(case["seconds"]) - step - kernel
         if seconds <= 0:
-            raise ToastError(f"microbenchmark {case['name']}: {case['seconds']:.3g} s is no more than the step and "
-                             f"kernel overheads")
+            raise ToastError(f"microbenchmark {ascii(case['name'])}: {case['seconds']:.3g} s is no more than the "
+                             f"step and kernel overheads")
         return seconds
+
+    def efficiency(case: dict, amount: float, what: str, peak: float) -> float:
+        """``amount`` per busy second as a fraction of ``peak``."""
+        fraction = amount / busy(case) / peak
+        if not 0 < fraction <= OVER_PEAK:
+            raise ToastError(f"microbenchmark {ascii(case['name'])}: {amount:.3g} {what} in {case['seconds']:.3g} s "
+                             f"is {fraction:.3g} of profile '{hardware.name}''s peak ({peak:.3g} {what}/s): another "
+                             f"device's measurements, or wrong numbers")
+        return min(1.0, fraction)
 
     found = {
         "step_overhead": step,
         "kernel_overhead": kernel,
-        "matmul_efficiency": min(1.0, matmul["flops"] / busy(matmul) / hardware.flops("bf16")),
-        "hbm_efficiency": min(1.0, streaming["bytes"] / busy(streaming) / hardware.hbm_bandwidth),
+        "matmul_efficiency": efficiency(matmul, matmul["flops"], "FLOPs", hardware.flops("bf16")),
+        "hbm_efficiency": efficiency(streaming, streaming["bytes"], "bytes", hardware.hbm_bandwidth),
     }
     for bits, case in scatters.items():
         key = "scatter_add_rate" if bits == 32 else "scatter_add_rate_16bit"
+        # An update reads and writes at least its element: no faster than memory moves elements.
+        efficiency(case, case["rows"] * case["features"] * bits / 8, "bytes", hardware.hbm_bandwidth)
         found[key] = case["rows"] * case["features"] / busy(case)
-    if kernel <= 0:
-        raise ToastError("the chains of tiny kernels do not take longer with more kernels: no per-kernel overhead")
     return found

@@ -7,7 +7,6 @@ naming the fit, and adds the fit to those levels' ``sources``.
 
 from __future__ import annotations
 
-import json
 import re
 import tomllib
 
@@ -53,7 +52,7 @@ def calibrated_profile_text(base: Hardware, parameters: dict[tuple[int, str], fl
         key = _KEY.match(line)
         if key and not table:
             if key.group(2) == "name":
-                line, named = f"name = {json.dumps(name)}", True
+                line, named = f"name = {toml_string(name)}", True
         elif key and (table == "[[interconnect]]" and level in fitted_levels or table == "[kernels]" and kernels):
             field = key.group(2)
             if table == "[kernels]" and field in kernels:
@@ -61,20 +60,18 @@ def calibrated_profile_text(base: Hardware, parameters: dict[tuple[int, str], fl
             elif table == "[[interconnect]]" and (level, field) in parameters:
                 line = _commented(f"{field} = {parameters[level, field]:.4g}", 26, "fitted by toast calibrate [C1]")
             elif field == "sources":
-                # The whole list, however it is laid out, read back with TOML and written one entry a line.
-                end = index
-                while "]" not in lines[end].split("#")[0]:
-                    end += 1
-                entries = tomllib.loads("\n".join(lines[index:end + 1]))["sources"]
+                # The whole list, however it is laid out (a "]" or "#" may be inside an entry), read back with
+                # TOML and written one entry a line.
+                end, entries = _toml_array(lines, index)
                 out.append("sources = [")
-                out.extend(f"    {json.dumps(entry)}," for entry in [source, *entries])
+                out.extend(f"    {toml_string(entry)}," for entry in [source, *entries])
                 out.append("]")
                 index = end + 1
                 continue
         out.append(line)
         index += 1
     if not named:
-        out.insert(0, f"name = {json.dumps(name)}")
+        out.insert(0, f"name = {toml_string(name)}")
     text = "\n".join(out)
     written = hardware_from_text(text, f"{name}.toml")
     checks = [(f"interconnect[{index}].{field}", getattr(written.interconnect[index], field), value)
@@ -85,6 +82,36 @@ def calibrated_profile_text(base: Hardware, parameters: dict[tuple[int, str], fl
             raise ToastError(f"{base.path}: could not write {where} into a copy of the profile; write it by hand: "
                              f"{value:.4g}")
     return text
+
+
+# What a TOML basic string written here does not hold as it is: the quote, the backslash, the control characters
+# (U+0000-U+001F and U+007F, which TOML forbids), and everything past ASCII (escaped, so the file reads back the
+# same whatever encoding writes and reads it).
+_ESCAPED = re.compile(r'["\\\x00-\x1f\x7f-\U0010ffff]')
+_SHORT_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
+
+
+def toml_string(text: str) -> str:
+    """``text`` as a TOML basic string: quoted, in ASCII, escaped as TOML 1.0 says (``\\uXXXX``,
+    ``\\UXXXXXXXX``); a lone surrogate (an undecodable byte of a file name), which is no character TOML can
+    hold, becomes U+FFFD."""
+    def escape(found: re.Match[str]) -> str:
+        char = found.group()
+        code = 0xFFFD if 0xD800 <= ord(char) <= 0xDFFF else ord(char)
+        return _SHORT_ESCAPES.get(char) or (f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}")
+
+    return '"' + _ESCAPED.sub(escape, text) + '"'
+
+
+def _toml_array(lines: list[str], index: int) -> tuple[int, list]:
+    """``(last line, value)`` of the array assigned on ``lines[index]`` (lines of a file TOML has read)."""
+    for end in range(index, len(lines)):
+        if "]" in lines[end]:
+            try:
+                return end, next(iter(tomllib.loads("\n".join(lines[index:end + 1])).values()))
+            except tomllib.TOMLDecodeError:
+                continue  # the "]" was inside a string or a comment
+    raise ToastError(f"line {index + 1}: an array with no end")
 
 
 def _commented(assignment: str, column: int, comment: str) -> str:
