@@ -22,7 +22,7 @@ import time
 import toast
 from toast.sharding import roles_for_input
 
-PROGRAMS = ("nnx_lm", "equinox_vit", "moe", "scan_llama", "hf_whisper")
+PROGRAMS = ("nnx_lm", "equinox_vit", "moe", "scan_llama", "hf_whisper", "dit", "flax_t5", "mamba_moe")
 
 
 def main() -> None:

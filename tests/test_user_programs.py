@@ -1,7 +1,7 @@
 """Programs written the way users write them (benchmarks/programs: Flax NNX, Equinox, Hugging Face Flax,
-scan + remat, remat per layer, MoE), at small sizes: every op has a rule, and toast, given no roles, finds a
-strategy no slower than the best manual strategy of the roles file an expert wrote for the program, that fits
-where one fits.
+scan + remat, remat per layer, MoE, an NNX DiT, Flax T5, a Mamba + MoE LM), at small sizes: every op has a
+rule, and toast, given no roles, finds a strategy no slower than the best manual strategy of the roles file an
+expert wrote for the program, that fits where one fits.
 
 The full sizes are BENCHMARKS.md's table (benchmarks/bench_users.py)."""
 
@@ -22,6 +22,9 @@ PROGRAMS = {
     "benchmarks.programs.scan_llama:scan_llama": "optax",
     "benchmarks.programs.llama3:llama3": "optax",
     "benchmarks.programs.hf_whisper:hf_whisper": "transformers",
+    "benchmarks.programs.dit:dit": "flax",
+    "benchmarks.programs.flax_t5:flax_t5": "transformers",
+    "benchmarks.programs.mamba_moe:mamba_moe": "optax",
 }
 CASES = [("batch=4,model=2", "h100"), ("batch=2,model=2,seq=2", "tpu_v3")]
 
