@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,7 @@ from toast import (
     STRATEGIES,
     Action,
     Collective,
+    Roles,
     ShardingModel,
     ToastError,
     analyze,
@@ -72,10 +74,39 @@ def test_emitted_mlp_megatron_has_one_all_reduce_over_model():
     """Figure 2c: one all-reduce over model of the [256/4, 16] f32 output shard."""
     model, state = _strategy_state(MLP, "megatron", "batch=4,model=2")
     text = sharded_module_text(model, state)
-    assert text.count("sdy.sharding_constraint") == 2  # the two dots; relu is a private function
+    # The two dots, the call's result and, inside the private @relu, the broadcast zero and the maximum (the
+    # scalar constant has no dims to shard).
+    assert text.count("sdy.sharding_constraint") == 5
     report = check_sharded_module(text, model.mesh.axes)
     assert report.numerics.match
     assert _xla_kinds(report) == [("all-reduce", ("model",), 64 * 16 * 4, 64 * 16 * 4)]
+
+
+def _two_embeddings(table, labels, x, ids):
+    """Two gathers of one table, two calls of JAX's one private ``@_take``: rows for the batch (split like it) and
+    rows for replicated ids (of the same shape, so that JAX lowers both to the one function)."""
+    return jnp.take(table, labels, axis=0) * x, jnp.take(table, ids, axis=0)
+
+
+def test_gathers_inside_private_functions_follow_the_plan():
+    """fsdp stores the [16, 8] f32 table split along batch (4 rows a device) and plans one all-gather of it (the
+    whole 512 B table on each device) before the gathers. The gathers sit in two calls of ``@_take``, which the
+    module now constrains one clone each; left unconstrained (toast's output before), XLA's partitioner gathered
+    the split table its own way: a half all-gather, two all-reduces and a collective-permute toast did not predict."""
+    analysis = analyze("two_embeddings", fn=_two_embeddings, args=[
+        jax.ShapeDtypeStruct((16, 8), jnp.float32), jax.ShapeDtypeStruct((32,), jnp.int32),
+        jax.ShapeDtypeStruct((32, 8), jnp.float32), jax.ShapeDtypeStruct((32,), jnp.int32)])
+    model = ShardingModel(analysis, parse_mesh("batch=4,model=2"))
+    state, _ = manual_strategy(model, "fsdp", Roles({"batch": [("labels", 0), ("x", 0)]}))
+    text = sharded_module_text(model, state)
+    calls = sorted(line.split("call @")[1].split("(")[0] for line in text.splitlines() if "call @_take" in line)
+    assert calls == ["_take", "_take_1"]  # one function per call site: the second call's is a clone
+    take = text[text.index("func.func private @_take("):]
+    assert "stablehlo.gather" in take[:take.index("return")] and "sdy.sharding_constraint" in take
+    agreement = validate(model, state, A100)
+    assert agreement.numerics.match, agreement.numerics
+    assert [(row.kind, row.axes, row.predicted, row.xla, row.matched, row.xla_bytes) for row in agreement.rows] == [
+        ("all-gather", ("batch",), 1, 1, 1, 16 * 8 * 4)]
 
 
 def test_attention_figure_5b_agrees_with_xla():
@@ -283,7 +314,10 @@ def test_shard_emit_and_validate_commands(tmp_path, capsys):
                  str(report)]) == 0
     out = capsys.readouterr().out
     assert "all-reduce  model" in out and "1 of 1 agree (100%" in out and "numerics: match" in out
+    assert re.search(r"^host memory of the check: \d+ MiB resident at most, while \w+", out, re.MULTILINE), out
     document = json.loads(report.read_text())
+    assert [entry["stage"] for entry in document["worker_peak_bytes"]][-2:] == ["running the sharded module",
+                                                                                "comparing the outputs"]
     assert document["collectives"] == [{"kind": "all-reduce", "axes": ["model"], "predicted": 1, "xla": 1,
                                         "predicted_bytes": 4096, "xla_bytes": 4096, "matched": 1}]
 
@@ -410,8 +444,8 @@ def test_nan_where_the_reference_has_nan_is_a_match():
     import jax.numpy as jnp
 
     def nan_rows(x, w):
-        # log of x - 0.1: NaN wherever an input is below 0.1 (about 9 in 10 of 0.1 * |N(0, 1)|), spread
-        # over whole rows by the matmul; the other rows finite.
+        # log of x - 0.1: x reaches a logarithm, so its inputs are |N(0, 1/32)| (std 0.18), below 0.1 about 4 in
+        # 10 times, and NaN there; the matmul spreads each NaN over its row, and about 1 row in 3 stays finite.
         return jnp.log(x - 0.1) @ w
 
     f32 = jnp.float32
@@ -489,3 +523,134 @@ def test_a_reduction_holds_its_input_and_its_result_at_once():
     assert [(row.kind, row.axes, row.matched) for row in agreement.rows] == [("all-reduce", ("model",), 1)]
     assert agreement.predicted_peak_bytes == 4096 + 1024 + 4096 + 4096
     assert agreement.xla_peak_bytes == 4096 + 1024 + 4096 + 4096
+
+
+# ---- inputs that keep values in range, and what a wrong result looks like -------------------------------
+
+
+def _ada_layer_norm_step():
+    """Two blocks of a DiT-like model (a layer norm with the fast variance E[h^2] - E[h]^2 as Flax computes it,
+    a shift, scale and gate read off a conditioning vector, attention) and an Adam-like update
+    ``p - 1e-3 m / sqrt(v)``. With every input positive (``0.1 |N(0, 1)|``) the conditioning and the gates grow,
+    the second block's layer norm subtracts nearly equal numbers, and the attention there turns rounding into
+    a relative error of 4e-3 in Adam's moments between the unsharded program and the same program with the
+    batch split: a correct sharding failed the check."""
+    import jax
+    import jax.numpy as jnp
+
+    batch, seq, width = 8, 8, 64
+
+    def layer_norm(h):
+        mean = jnp.mean(h, -1, keepdims=True)
+        return (h - mean) * jax.lax.rsqrt(jnp.mean(h * h, -1, keepdims=True) - mean * mean + 1e-6)
+
+    def block(h, c, p):
+        shift, scale, gate = jnp.split(jax.nn.silu(c) @ p["ada"], 3, axis=-1)
+        x = layer_norm(h) * (1 + scale[:, None]) + shift[:, None]
+        scores = jnp.einsum("bqd,bkd->bqk", x @ p["q"], x @ p["k"]) / np.sqrt(width)
+        return h + gate[:, None] * (jnp.einsum("bqk,bkd->bqd", jax.nn.softmax(scores, axis=-1), x @ p["v"]) @ p["o"])
+
+    def step(params, m, v, x, c):
+        def loss(params):
+            h = x @ params["in"]
+            for p in params["blocks"]:
+                h = block(h, c @ params["c"], p)
+            return jnp.mean((h @ params["out"]) ** 2)
+
+        grads = jax.grad(loss)(params)
+        m = jax.tree.map(lambda a, g: 0.9 * a + 0.1 * g, m, grads)
+        v = jax.tree.map(lambda a, g: 0.999 * a + 0.001 * g * g, v, grads)
+        return jax.tree.map(lambda p, a, b: p - 1e-3 * a / (jnp.sqrt(b) + 1e-8), params, m, v), m, v
+
+    def f32(*shape):
+        return jax.ShapeDtypeStruct(shape, jnp.float32)
+
+    square = f32(width, width)
+    params = {"in": square, "c": square, "out": square,
+              "blocks": [{"ada": f32(width, 3 * width), "q": square, "k": square, "v": square, "o": square}] * 2}
+    return step, (params, params, params, f32(batch, seq, width), f32(batch, width))
+
+
+def test_a_program_whose_values_ran_away_under_positive_inputs_validates():
+    """Initializer-scaled inputs keep the values in range (loss about 0.04, not 1e4), so the batch split agrees
+    within float32 rounding, output by output."""
+    from toast.search.actions import ActionSpace
+
+    fn, args = _ada_layer_norm_step()
+    model = ShardingModel(analyze("ada", fn=fn, args=args, engine="embedded"), parse_mesh("batch=4,model=2"))
+    state = ActionSpace(model, pinned={"x": ("batch",), "c": ("batch",)}).initial
+    report = check_sharded_module(sharded_module_text(model, state), model.mesh.axes)
+    numerics = report.numerics
+    assert numerics.match and numerics.nan_values == 0 and numerics.outputs == 3 * 13
+    assert numerics.worst and all(e.relative_error < 1e-5 for e in numerics.worst), numerics.worst
+    assert all(e.scale < 10 for e in numerics.worst)
+
+
+def test_a_wrong_result_is_named_with_its_relative_error(tmp_path):
+    """The sharded module computes 2 x where the reference computes 2.5 x (as a wrong sharding would compute
+    something else): that output mismatches by |2.5 x - 2 x| = 0.5 |x|, relative to its largest magnitude
+    2.5 max|x|: 0.2; the other output agrees, and the report names the wrong one."""
+    import jax
+    import jax.numpy as jnp
+
+    from toast.xla.validate import agreement_json
+
+    def twice(x, w):
+        return x @ w, 2.0 * x
+
+    model, state = _batch_split("twice", twice, (jax.ShapeDtypeStruct((32, 8), jnp.float32),
+                                                 jax.ShapeDtypeStruct((8, 4), jnp.float32)), "x")
+    text = sharded_module_text(model, state)
+    assert text.count("dense<2.000000e+00>") == 1
+    report = check_sharded_module(text, model.mesh.axes, reference_mlir=text.replace("dense<2.000000e+00>",
+                                                                                     "dense<2.500000e+00>"))
+    numerics = report.numerics
+    assert not numerics.match
+    [worst] = [e for e in numerics.worst if not e.match]
+    assert worst.name == "result[1]" and worst.relative_error == pytest.approx(0.2, rel=1e-5)
+    assert all(e.match for e in numerics.worst if e.name != "result[1]")
+    agreement = compare([], 0, report)
+    assert f"  MISMATCH  result[1]: relative error 0.2 ({worst.max_abs_error:.3g} of {worst.scale:.3g})" in \
+        format_agreement(agreement).splitlines()
+    [entry] = [e for e in agreement_json(agreement)["numerics"]["worst"] if not e["match"]]
+    assert entry["name"] == "result[1]" and entry["relative_error"] == pytest.approx(0.2, rel=1e-5)
+
+
+def test_validate_past_its_time_limit_names_the_option(mlp_strategy, monkeypatch, capsys):
+    """The limit is ``--timeout SECONDS``, the option ``toast validate`` takes (it said 'raise timeout_s')."""
+    from toast.xla import worker
+
+    script = "import sys, time\nsys.stdin.read()\nprint('toast-xla-stage: compiling the reference', " \
+             "file=sys.stderr, flush=True)\ntime.sleep(60)"
+    monkeypatch.setattr(worker, "worker_command", lambda: [sys.executable, "-c", script])
+    assert main(["validate", MLP, str(mlp_strategy), "--engine", "embedded", "--devices", "8", "--timeout",
+                 "5"]) == 2
+    assert _one_error_line(capsys) == ("toast: error: the XLA check did not finish within 5 s (it was compiling "
+                                       "the reference); give it longer with --timeout SECONDS")
+
+
+@pytest.mark.slow
+def test_the_dit_validates_with_a_correct_strategy(tmp_path, capsys):
+    """The Flax NNX DiT's Adam step split on the batch. Under all-positive inputs its second block's attention
+    kernels' Adam moments differed by a relative 1.6 (max error 1.06e4 over 119 outputs); now all agree."""
+    source = "benchmarks.programs.dit:dit?image=8"
+    strategy = tmp_path / "dit.json"
+    assert main(["shard", source, "--engine", "embedded", "--mesh", "batch=4,model=2", "--strategy",
+                 "data_parallel", "-o", str(strategy)]) == 0
+    capsys.readouterr()
+    assert main(["validate", source, str(strategy), "--engine", "embedded", "--devices", "8"]) == 0
+    assert "numerics: match over 119 outputs" in capsys.readouterr().out
+
+
+def test_compare_validate_past_its_time_limit_names_the_option(monkeypatch, capsys):
+    """``toast compare --validate`` hands its ``--timeout`` to each XLA check and names that option when one runs
+    past it (it used the default 600 s and said ``timeout_s=``, a keyword the command line does not take)."""
+    from toast.xla import worker
+
+    script = "import sys, time\nsys.stdin.read()\nprint('toast-xla-stage: compiling the reference', " \
+             "file=sys.stderr, flush=True)\ntime.sleep(60)"
+    monkeypatch.setattr(worker, "worker_command", lambda: [sys.executable, "-c", script])
+    assert main(["compare", MLP, "--mesh", "batch=4,model=2", "--engine", "embedded", "--rollouts", "10",
+                 "--validate", "--timeout", "5"]) == 2
+    assert _one_error_line(capsys) == ("toast: error: the XLA check did not finish within 5 s (it was compiling "
+                                       "the reference); give it longer with --timeout SECONDS")

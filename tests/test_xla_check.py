@@ -8,6 +8,7 @@ worker of 8 host devices; the parsers and the output comparison are tested in-pr
 from __future__ import annotations
 
 import functools
+import re
 
 import jax
 import numpy as np
@@ -61,6 +62,10 @@ def test_batch_sharding_matches_without_collectives():
     assert report.numerics.max_abs_error < 1e-5
     assert report.collectives == ()
     assert report.memory["argument_size_in_bytes"] > 0
+    assert [stage for stage, _ in report.worker_peaks] == [
+        "reading the module", "compiling the reference", "running the reference", "compiling the sharded module",
+        "running the sharded module", "comparing the outputs"]
+    assert all(peak > 50 << 20 for _, peak in report.worker_peaks)  # JAX alone takes more
 
 
 def test_megatron_gives_one_all_reduce_over_model():
@@ -164,6 +169,153 @@ def test_compare_flags_a_wrong_shard():
     reference = np.arange(12, dtype=np.float32).reshape(3, 4)
     replicated = [xla_client.HloSharding.replicate().to_proto()]
     good = compare_outputs([[jax.device_put(reference, device)]], [reference], replicated, [device])
-    assert good == {"match": True, "max_abs_error": 0.0, "outputs": 1, "nan_values": 0, "nan_mismatches": 0}
-    bad = compare_outputs([[jax.device_put(reference + 1e-2, device)]], [reference], replicated, [device])
+    assert good == {"match": True, "max_abs_error": 0.0, "outputs": 1, "nan_values": 0, "nan_mismatches": 0,
+                    "worst": []}
+    bad = compare_outputs([[jax.device_put(reference, device)], [jax.device_put(reference + 1e-2, device)]],
+                          [reference, reference], replicated * 2, [device], names=["result['a']", "result['b']"])
     assert not bad["match"] and bad["max_abs_error"] == pytest.approx(1e-2, rel=1e-2)
+    # 1e-2 off an output whose largest magnitude is 11: relative 1e-2 / 11, over 1e-5 + 1e-4 * 11
+    [worst] = bad["worst"]
+    assert worst["name"] == "result['b']" and not worst["match"] and worst["scale"] == 11.0
+
+
+# ---- inputs -----------------------------------------------------------------------------
+
+
+def test_inputs_are_scaled_like_an_initializer():
+    """A weight [256, 64] is N(0, 1/256) (std 1/16), a vector N(0, 0.01), a scalar in [0.5, 1.5), a second
+    moment |N(0, 1/256)|; integers index every dimension; each argument is the same for the same seed."""
+    from toast.xla.numerics import random_input, random_inputs
+
+    arguments = [((256, 64), "f32"), ((64,), "f32"), ((), "f32"), ((8, 3), "i32"), ((256, 64), "f32")]
+    weight, vector, scalar, ints, moment = random_inputs(arguments, seed=3, non_negative=frozenset({4}))
+    assert weight.dtype == np.float32 and abs(weight.mean()) < 0.01 and weight.std() == pytest.approx(1 / 16, rel=0.05)
+    assert vector.std() == pytest.approx(0.1, rel=0.3) and (vector < 0).any()
+    assert 0.5 <= float(scalar) < 1.5
+    assert ints.dtype == np.int32 and ints.min() >= 0 and ints.max() < 3
+    assert moment.min() >= 0 and moment.mean() == pytest.approx((2 / np.pi) ** 0.5 / 16, rel=0.05)
+    again = random_input((256, 64), "f32", seed=3, index=0, high=3)
+    assert np.array_equal(again, weight)
+    assert not np.array_equal(random_input((256, 64), "f32", seed=4, index=0, high=3), weight)
+
+
+def _reaches_roots(a, b, c, d, e, f, g):
+    """a: through a called function into sqrt; b: through a loop into log; c: a second moment (Adam's
+    v / sqrt(v)); d: through a reduction into rsqrt (a layer norm: not marked; nor by the divisor of rsqrt's
+    derivative had this been differentiated, which d reaches squared); e: through a matmul into sqrt (not marked);
+    f: through a matmul and a sum into a divisor; g: into a softmax's divisor, but through
+    its exponential (not marked)."""
+    root = jax.jit(lambda t: jax.numpy.sqrt(t * 2.0))
+    v = 0.999 * c + 0.001 * (e * e)
+    variance = jax.numpy.mean(d * d, axis=-1, keepdims=True)
+    scores = f @ f.T
+    return (root(a), jax.lax.fori_loop(0, 2, lambda i, t: jax.numpy.log(t + 1.0), b),
+            e / jax.numpy.sqrt(v), d * jax.lax.rsqrt(variance), jax.numpy.sqrt(e @ e),
+            scores / jax.numpy.sum(scores, axis=0), jax.nn.softmax(g))
+
+
+def test_non_negative_arguments_are_those_that_reach_a_root_elementwise():
+    from jax.interpreters import mlir as jax_mlir
+    from jaxlib.mlir import ir
+
+    from toast.xla.numerics import non_negative_arguments
+
+    spec = jax.ShapeDtypeStruct((4, 4), np.float32)
+    text = jax.jit(_reaches_roots).lower(*[spec] * 7).as_text()
+    assert "call @" in text and "stablehlo.while" in text
+    context = jax_mlir.make_ir_context()
+    with context:
+        found = non_negative_arguments(ir.Module.parse(text))
+    assert found == {0, 1, 2, 5}  # e reaches sqrt elementwise too, but squared (e * e in v)
+
+
+# ---- the worker process: time limit, signals, memory ------------------------------------------
+
+_FAKE_WORKER = """
+import os, signal, sys, time
+sys.stdin.read()
+print("toast-xla-stage: running the sharded module", file=sys.stderr, flush=True)
+{body}
+"""
+
+
+def _fake_worker(monkeypatch, body: str) -> None:
+    """The worker replaced by a script that says it runs the sharded module, then does ``body``."""
+    import sys
+
+    from toast.xla import worker
+
+    monkeypatch.setattr(worker, "worker_command", lambda: [sys.executable, "-c", _FAKE_WORKER.format(body=body)])
+
+
+def test_a_worker_killed_by_sigkill_is_reported_as_out_of_memory_with_its_peak(monkeypatch):
+    """The kernel's out-of-memory killer sends SIGKILL: say so, with the peak the kernel accounted (300 MiB
+    touched, plus the interpreter), not 'exit status -9, no message'."""
+    from toast.xla.worker import run_worker
+
+    _fake_worker(monkeypatch, "block = bytearray(300 << 20)\nos.kill(os.getpid(), signal.SIGKILL)")
+    with pytest.raises(ToastError) as caught:
+        run_worker({}, devices=1, timeout_s=60)
+    message = str(caught.value)
+    found = re.fullmatch(r"XLA check worker was killed \(out of memory\?\) while running the sharded module; "
+                         r"it peaked at (\d+) MiB resident", message)
+    assert found is not None, message
+    assert 300 <= int(found.group(1)) < 400
+
+
+def test_an_aborted_worker_reports_xla_reason(monkeypatch):
+    """XLA ends a CPU collective it waited for too long with a fatal log line and abort()."""
+    from toast.xla.worker import run_worker
+
+    fatal = ("F1127 01:12:21.798031   11423 rendezvous.cc:161] [id=4] Termination timeout for `all reduce` of 40 "
+             "seconds exceeded. Exiting to ensure a consistent program state.")
+    _fake_worker(monkeypatch, f"print({fatal!r}, file=sys.stderr)\nprint('*** Check failure stack trace: ***', "
+                              f"file=sys.stderr, flush=True)\nos.abort()")
+    with pytest.raises(ToastError, match=r"^XLA check worker died of SIGABRT while running the sharded module; it "
+                                         r"peaked at .* resident: \[id=4\] Termination timeout for `all reduce` of 40 "
+                                         r"seconds exceeded\. Exiting to ensure a consistent program state\.$"):
+        run_worker({}, devices=1, timeout_s=60)
+
+
+def test_a_worker_past_its_time_limit_says_where_and_why(monkeypatch):
+    import time
+
+    from toast.xla.worker import WorkerTimeout, run_worker
+
+    stuck = ("E1127 01:10:52.112482   10073 rendezvous.cc:116] [id=1] This thread has been waiting for `all reduce` "
+             "for 20 seconds and may be stuck.")
+    _fake_worker(monkeypatch, f"print({stuck!r}, file=sys.stderr, flush=True)\ntime.sleep(60)")
+    start = time.monotonic()
+    with pytest.raises(WorkerTimeout) as caught:
+        run_worker({}, devices=1, timeout_s=2)
+    assert time.monotonic() - start < 30
+    assert str(caught.value) == (
+        "the XLA check did not finish within 2 s (it was running the sharded module): XLA's CPU collectives waited "
+        "for the devices' threads, which the host's cores did not run in time (a busy machine?); give it longer "
+        "with timeout_s=SECONDS")
+
+
+def test_xla_waits_for_collectives_as_long_as_the_worker_may_run(monkeypatch):
+    """XLA aborts a CPU collective after 40 s by default; the worker's limit (plus a minute) replaces that."""
+    from toast.xla.worker import run_worker
+
+    _fake_worker(monkeypatch, "import json\nprint(json.dumps({'flags': os.environ['XLA_FLAGS']}))")
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2 --xla_cpu_enable_fast_math=false")
+    reply = run_worker({}, devices=8, timeout_s=600)
+    assert reply["flags"].split() == ["--xla_cpu_enable_fast_math=false",
+                                      "--xla_cpu_collective_call_terminate_timeout_seconds=660",
+                                      "--xla_force_host_platform_device_count=8"]
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_collective_call_terminate_timeout_seconds=5")
+    assert "terminate_timeout_seconds=5 " in run_worker({}, devices=8, timeout_s=600)["flags"]
+
+
+def test_a_sharded_run_larger_than_the_memory_available_is_refused_up_front():
+    from toast.xla.worker import _memory_shortfall
+
+    gib = 2**30
+    assert _memory_shortfall(gib, 8, 4 * gib) == (
+        "the sharded run needs about 8 GiB (8 host devices x 1 GiB that XLA allocates for each) and this machine "
+        "has 4 GiB available; free memory, or validate the program at a smaller size (a smaller batch, fewer "
+        "layers)")
+    assert _memory_shortfall(gib, 8, 9 * gib) == ""
+    assert _memory_shortfall(gib, 8, None) == ""

@@ -26,6 +26,8 @@ class KernelSemantics:
     Attributes:
       kernel_class: ``kind -> class``, rules' ``kernel_class`` (the classes: ``known_kernel_class`` in rules/nda.dl).
       custom_call_class: ``call_target_name -> class`` for ``stablehlo.custom_call``.
+      kernel_call_class: ``(call_target_name, kernel name) -> class`` for a custom call running a named kernel
+        (rules/ops/kernels.dl); it takes precedence over its target's class.
       in_place_update: ``kind -> (target operand, update operand)``: the result is the target's buffer.
       touched_operand: ``(kind, operand)`` pairs read only where the op's result comes from.
       library_reads_in_place: kinds whose result a library call reads where it lies.
@@ -36,6 +38,7 @@ class KernelSemantics:
 
     kernel_class: Mapping[str, str] = field(default_factory=dict)
     custom_call_class: Mapping[str, str] = field(default_factory=dict)
+    kernel_call_class: Mapping[tuple[str, str], str] = field(default_factory=dict)
     in_place_update: Mapping[str, tuple[int, int]] = field(default_factory=dict)
     touched_operand: frozenset[tuple[str, int]] = frozenset()
     library_reads_in_place: frozenset[str] = frozenset()
@@ -46,7 +49,11 @@ class KernelSemantics:
     def class_of(self, op: Op) -> str | None:
         """The op's kernel class, ``None`` when no rule gives one (an unpriced op)."""
         if op.kind == "stablehlo.custom_call":
-            return self.custom_call_class.get(str(op.attr("call_target_name", "")))
+            target = str(op.attr("call_target_name", ""))
+            kernel = op.attr("kernel")
+            if kernel and (target, str(kernel)) in self.kernel_call_class:
+                return self.kernel_call_class[(target, str(kernel))]
+            return self.custom_call_class.get(target)
         return self.kernel_class.get(op.kind)
 
 
@@ -55,6 +62,7 @@ def kernel_semantics(outputs: Mapping[str, list[tuple]]) -> KernelSemantics:
     return KernelSemantics(
         kernel_class=dict(sorted((str(k), str(c)) for k, c in outputs["kernel_class"])),
         custom_call_class=dict(sorted((str(t), str(c)) for t, c in outputs["custom_call_class"])),
+        kernel_call_class={(str(t), str(n)): str(c) for t, n, c in sorted(outputs["kernel_call_class"])},
         in_place_update={str(k): (int(t), int(u)) for k, t, u in sorted(outputs["in_place_update"])},
         touched_operand=frozenset((str(k), int(i)) for k, i in outputs["touched_operand"]),
         library_reads_in_place=frozenset(str(k) for (k,) in outputs["library_reads_in_place"]),

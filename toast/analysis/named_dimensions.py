@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -169,9 +170,18 @@ class Analysis:
       summed_dims: ``(op, operand index, dim)`` of every operand dim an op sums over (contracting
         dims of dot_general and convolution, reduced dims of reduce; rules' ``summed_dim``): split
         along an axis, the op's result is a partial sum over it.
+      halo_dims: ``(op, operand index, dim, low, high)`` of every operand dim an op reads with a window wider
+        than one row yet maps to its result's (rules' ``halo_dim``: a causal or SAME convolution): split along
+        axes, each device needs ``low`` rows (elements along the dim) of its lower neighbour and ``high`` of its
+        upper one (a halo exchange).
       flop_names: ``op id -> names`` (sorted) whose sizes multiply into the op's FLOPs, 2 x their
         product (rules' ``flop_name``: a contraction's result 0 dims and its loop dims' use names);
         an op without any such name (a dot of two scalars) is absent.
+      flop_scales: ``op id -> factor`` its FLOPs on a device are: the factor x the product of the local sizes of
+        its ``flop_names`` (2, a multiply-add, for an op absent here): for a kernel (rules/ops/kernels.dl), its
+        own ``cost_estimate`` over the product of those names' global sizes (``flop_estimate``), else its
+        ``flop_coefficient`` x the sizes of the dims it reads whole (``flop_whole``). An op here need not
+        have any flop name (its FLOPs are then the factor, on every device).
       elementwise_ops: ids of the ops of an elementwise kind (rules' ``elementwise_op``).
       kernel_semantics: what one device runs each op kind as (the rules' ``kernel_class`` and mechanics
         tables), read by the cost model's kernel plan.
@@ -193,7 +203,9 @@ class Analysis:
     stats: dict[str, Any]
     pins: tuple[Pin, ...] = ()
     summed_dims: frozenset[tuple[int, int, int]] = frozenset()
+    halo_dims: tuple[tuple[int, int, int, int, int], ...] = ()
     flop_names: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    flop_scales: dict[int, float] = field(default_factory=dict)
     elementwise_ops: frozenset[int] = frozenset()
     kernel_semantics: KernelSemantics = field(default_factory=KernelSemantics)
     unpriced_ops: tuple[UnruledOp, ...] = ()
@@ -430,6 +442,7 @@ def _build(program: Program, names: DimensionNames, outputs: dict[str, list[tupl
         **conflicts.stats,
         **run_stats,
     }
+    flop_names = _flop_names(outputs["flop_name"])
     return Analysis(
         program=program,
         names=names,
@@ -445,7 +458,10 @@ def _build(program: Program, names: DimensionNames, outputs: dict[str, list[tupl
         stats=stats,
         pins=program_pins(program),
         summed_dims=frozenset((int(op), int(index), int(dim)) for op, index, dim in outputs["summed_dim"]),
-        flop_names=_flop_names(outputs["flop_name"]),
+        halo_dims=tuple(sorted((int(op), int(index), int(dim), int(low), int(high))
+                               for op, index, dim, low, high in outputs["halo_dim"])),
+        flop_names=flop_names,
+        flop_scales=_flop_scales(outputs, program, names, flop_names),
         elementwise_ops=frozenset(int(op) for (op,) in outputs["elementwise_op"]),
         kernel_semantics=kernel_semantics(outputs),
         unpriced_ops=unpriced,
@@ -458,6 +474,33 @@ def _flop_names(rows: list[tuple]) -> dict[int, tuple[int, ...]]:
     for op, name in rows:
         grouped.setdefault(int(op), []).append(int(name))
     return {op: tuple(sorted(names)) for op, names in grouped.items()}
+
+
+def _flop_scales(outputs: Mapping[str, list[tuple]], program: Program, names: DimensionNames,
+                 flop_names: Mapping[int, tuple[int, ...]]) -> dict[int, float]:
+    """``op -> factor`` of ``Analysis.flop_scales`` from the ``flop_estimate``, ``flop_coefficient`` and
+    ``flop_whole`` rows (the estimate, decimal text, wins)."""
+    defs = len(names.defs)
+
+    def global_size(name: int) -> int:
+        if name < defs:
+            value_id, dim = names.defs[name]
+        else:
+            op_id, operand, dim = names.uses[name - defs]
+            value_id = program.ops[op_id].operands[operand]
+        return program.values[value_id].shape[dim]
+
+    scales: dict[int, float] = {}
+    for op, coefficient in outputs["flop_coefficient"]:
+        scales[int(op)] = float(coefficient)
+    for op, index, dim in outputs["flop_whole"]:
+        op = int(op)
+        shape = program.values[program.ops[op].operands[int(index)]].shape
+        scales[op] = scales.get(op, 2.0) * shape[int(dim)]
+    for op, flops in outputs["flop_estimate"]:
+        whole = math.prod(global_size(name) for name in flop_names.get(int(op), ()))
+        scales[int(op)] = int(flops) / max(whole, 1)
+    return scales
 
 
 def program_pins(program: Program) -> tuple[Pin, ...]:

@@ -76,7 +76,8 @@ def add_analysis_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-cache", dest="cache", action="store_false",
                         help="analyze afresh: neither read nor write the analysis cache (~/.cache/toast/analyses)")
     parser.add_argument("--timeout", type=positive_seconds, default=600.0, metavar="S",
-                        help="engine time limit, seconds")
+                        help="time limit, seconds: of the Datalog engine, and of each XLA check (validate, "
+                        "compare --validate)")
     parser.add_argument("--arg", action="append", default=[], metavar="NAME=VALUE",
                         help="keyword argument for a module:function factory, e.g. --arg layers=12 (repeatable; "
                         "also module:function?layers=12&batch=8)")

@@ -382,9 +382,14 @@ def _run_compare(options: argparse.Namespace, analysis, plan: SearchPlan) -> int
     mesh, hardware, settings, pins = plan.mesh, plan.hardware, plan.settings, plan.pins
     roles = _given_roles(options)
     progress = Progress(sys.stderr) if sys.stderr.isatty() else None
-    result = compare(analysis, mesh, hardware, source=options.input, roles=roles, settings=settings,
-                     memory_gib=options.memory, pinned=pins, validate_on_host=options.validate,
-                     microbatches=options.microbatches, progress=progress)
+    from toast.xla.worker import WorkerTimeout
+
+    try:
+        result = compare(analysis, mesh, hardware, source=options.input, roles=roles, settings=settings,
+                         memory_gib=options.memory, pinned=pins, validate_on_host=options.validate,
+                         microbatches=options.microbatches, progress=progress, validate_timeout_s=options.timeout)
+    except WorkerTimeout as err:  # name the option this command takes, not the Python keyword
+        raise WorkerTimeout(err.limit_s, err.stage, err.stuck, option="--timeout ") from None
     if progress is not None:
         progress.finish()
     outputs = []
@@ -450,11 +455,15 @@ def _run_validate(options: argparse.Namespace, analysis, plan: ValidatePlan) -> 
     from toast.output.strategy_file import strategy_state
     from toast.sharding.state import ShardingModel
     from toast.xla.validate import agreement_json, format_agreement, validate
+    from toast.xla.worker import WorkerTimeout
 
     document, mesh, hardware = plan.document, plan.mesh, plan.hardware
     model = ShardingModel(analysis, mesh)
     state = strategy_state(model, document, path=options.strategy)
-    agreement = validate(model, state, hardware, seed=options.seed, timeout_s=options.timeout)
+    try:
+        agreement = validate(model, state, hardware, seed=options.seed, timeout_s=options.timeout)
+    except WorkerTimeout as err:  # name the option this command takes, not the Python keyword
+        raise WorkerTimeout(err.limit_s, err.stage, err.stuck, option="--timeout ") from None
     print(f"{analysis.program.name}: strategy {document.get('strategy', '?')} on mesh {mesh.spec()}, "
           f"{mesh.devices} host CPU devices")
     print(format_agreement(agreement), end="")

@@ -13,6 +13,10 @@ Rules, per op of the program:
   all-gather (the definition is split along the axis, the use is not), an all-to-all (both
   are split along it, on different dims), or a local slice (only the use is split: free).
   Uses of one value with one sharding share the collective (as XLA's CSE merges them).
+- **Halos.** An operand dim the op reads with a window wider than one row yet maps to its result's (the
+  rules' ``halo_dim``: a causal or SAME convolution), split along axes A, needs each device's neighbours'
+  edge rows: a collective-permute over A per side with rows to move (low, then high), of the halo's rows
+  times the operand's other dims as the op uses them, as XLA's partitioner exchanges halos.
 - **Dims an op cannot split.** An operand dim that the op's rules do not identify with a
   result dim (a concatenated, padded or sliced dim, ...) and that is not a reduction is used
   whole: if its definition is split, the use all-gathers it.
@@ -56,7 +60,8 @@ class Collective:
     """One collective of the partitioned program.
 
     Attributes:
-      kind: ``all-reduce``, ``reduce-scatter``, ``all-gather`` or ``all-to-all``.
+      kind: ``all-reduce``, ``reduce-scatter``, ``all-gather``, ``all-to-all`` or ``collective-permute`` (a
+        halo exchange: ``bytes_in`` sent to a neighbour, as many received).
       axes: mesh axes it runs over (major to minor).
       value: the value id it moves (the result reduced, or the value gathered for a use).
       op: the op it belongs to (the producer for partial results, the user for uses).
@@ -102,9 +107,9 @@ def _collective_factory() -> Callable[[str, tuple[str, ...], int, int, int, int,
 
 _new_collective = _collective_factory()
 
-KINDS: tuple[str, ...] = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all")
+KINDS: tuple[str, ...] = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all", "collective-permute")
 """``Collective.kind`` by the codes of ``CollectiveTable.kind``."""
-ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER, ALL_TO_ALL = range(len(KINDS))
+ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER, ALL_TO_ALL, COLLECTIVE_PERMUTE = range(len(KINDS))
 
 _MEMO_LIMIT = 1 << 16
 """``Collective`` objects a ``CommunicationModel`` keeps for reuse before it starts over."""
@@ -226,6 +231,7 @@ class CommunicationModel:
         self._init_value_bytes(defs)
         self._init_partial_results(defs)
         self._init_use_sites(defs)
+        self._init_halos(defs)
         self._memo: dict[bytes, Collective] = {}  # a CollectiveTable row's bytes -> its Collective
         self._byte_classes: tuple[NamePartition, ByteClasses] | None = None
 
@@ -295,6 +301,53 @@ class CommunicationModel:
         self._site_use_names = rows
         self._max_use_rank = max(max_rank, 1)
         self._site_of_use = np.searchsorted(self.use_site_starts, np.arange(len(self.use_def)), side="right") - 1
+
+    def _init_halos(self, defs: int) -> None:
+        """Static arrays of the halo exchanges (``Analysis.halo_dims``), one row per side with rows to move
+        (low, then high): op, operand, value, rows moved, the use name of the windowed dim, the use names of the
+        operand's other dims (``int64[rows, max rank]``, padded with a name of a 1-element dim: ``defs + len(uses)``)
+        and element bits."""
+        analysis = self.model.analysis
+        program, names = analysis.program, analysis.names
+        rows: list[tuple[int, int, int, int, int, list[int]]] = []
+        for op_id, operand, dim, low, high in analysis.halo_dims:
+            value_id = program.ops[op_id].operands[operand]
+            first = names.use_name(op_id, operand, 0)
+            others = [first + d for d in range(len(program.values[value_id].shape)) if d != dim]
+            rows.extend((op_id, operand, value_id, width, first + dim, others) for width in (low, high) if width > 0)
+        pad = defs + len(self.use_def)
+        width = max((len(row[5]) for row in rows), default=0)
+        self._halo_ops = np.asarray([row[0] for row in rows], dtype=np.int64)
+        self._halo_operands = np.asarray([row[1] for row in rows], dtype=np.int64)
+        self._halo_values = np.asarray([row[2] for row in rows], dtype=np.int64)
+        self._halo_rows = np.asarray([row[3] for row in rows], dtype=np.int64)
+        self._halo_dim_names = np.asarray([row[4] for row in rows], dtype=np.int64)
+        self._halo_other_names = np.asarray([row[5] + [pad] * (width - len(row[5])) for row in rows],
+                                            dtype=np.int64).reshape(len(rows), width)
+        self._halo_bits = self.element_bits[self._halo_values]
+
+    def _halo_table(self, masks: np.ndarray) -> CollectiveTable | None:
+        """The halo exchanges of ``masks``' state: a collective-permute per side of each windowed dim split along
+        some axes (as the op uses it), of the side's rows times the local sizes of the operand's other dims as
+        the op uses them; ``None`` when no windowed dim is split."""
+        if not len(self._halo_ops):
+            return None
+        defs = self._defs
+        keep = np.append(self.keep_mask, np.uint8(0))  # the padding name: never split
+        use_masks = np.append(masks, np.uint8(0))
+        axes = (use_masks[self._halo_dim_names] & keep[self._halo_dim_names - defs]).astype(np.int64)
+        split = np.flatnonzero(axes)
+        if not len(split):
+            return None
+        other = self._halo_other_names[split]
+        sizes = np.append(self.model.name_size, 1)[other]
+        devices = self.model.devices_of_mask[use_masks[other] & keep[other - defs]]
+        elements = self._halo_rows[split] * np.prod(sizes // devices, axis=1, dtype=np.int64)
+        nbytes = (elements * self._halo_bits[split] + 7) >> 3
+        ops = self._halo_ops[split]
+        return CollectiveTable(kind=np.full(len(split), COLLECTIVE_PERMUTE, dtype=np.int64), axes_mask=axes[split],
+                               value=self._halo_values[split], op=ops, operand=self._halo_operands[split],
+                               bytes_in=nbytes, bytes_out=nbytes, last_op=ops)
 
     def byte_classes(self, partition: NamePartition) -> ByteClasses:
         """The values grouped by what their bytes depend on in states built on ``partition``: element width
@@ -366,7 +419,8 @@ class CommunicationModel:
         return found
 
     def collectives(self, state: ShardingState, value_bytes: np.ndarray | None = None) -> list[Collective]:
-        """Every collective the state needs: partial results first, then uses, each in op order."""
+        """Every collective the state needs: partial results first, then uses, then halo exchanges, each in op
+        order."""
         return self.to_list(self.table(state, value_bytes))
 
     def to_list(self, table: CollectiveTable) -> list[Collective]:
@@ -406,9 +460,10 @@ class CommunicationModel:
         partial, def_masks, value_bytes = self._partial_table(masks, value_bytes)
         # Uses whose sharding differs from their definition's.
         uses = self._use_table(masks, def_masks, value_bytes)
-        if uses is None:
-            return partial if partial is not None else CollectiveTable.empty()
-        return uses if partial is None else CollectiveTable.concatenate([partial, uses])
+        # Halo exchanges of windowed dims split along some axes.
+        halos = self._halo_table(masks)
+        parts = [part for part in (partial, uses, halos) if part is not None]
+        return CollectiveTable.concatenate(parts) if parts else CollectiveTable.empty()
 
     def _partial_table(self, masks: np.ndarray, value_bytes: np.ndarray,
                        ) -> tuple[CollectiveTable | None, np.ndarray, np.ndarray]:

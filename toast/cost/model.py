@@ -45,6 +45,7 @@ from toast.cost.collectives import (
     ALL_GATHER,
     ALL_REDUCE,
     ALL_TO_ALL,
+    COLLECTIVE_PERMUTE,
     KINDS,
     REDUCE_SCATTER,
     Collective,
@@ -211,22 +212,35 @@ class CostModel:
         self.bandwidth = hardware.hbm_bandwidth * hardware.hbm_efficiency
         # The names whose local sizes multiply into each op's FLOPs: the rules' flop_name (contractions,
         # and any op a user's rules declare one), priced at the peak of the op's first operand's type.
+        # Each op's FLOPs are its scale (2, a multiply-add; a kernel's own: Analysis.flop_scales) x that product.
         flop_names: list[int] = []
         starts: list[int] = []
         peaks: list[float] = []
+        scales: list[float] = []
         matmul_kernels: list[int] = []
-        for op_id, members in sorted(analysis.flop_names.items()):
+        # An op with a scale and no flop name (a kernel that splits none of its flop dims): the same FLOPs
+        # on every device, seconds at peak per kernel.
+        self.fixed_at_peak = np.zeros(len(plan.kernels), dtype=np.float64)
+        for op_id in sorted(set(analysis.flop_names) | set(analysis.flop_scales)):
             op = program.ops[op_id]
             kernel_index = int(plan.kernel_of_op[op_id])
             if kernel_index < 0 or not op.operands:
                 continue
+            members = analysis.flop_names.get(op_id, ())
+            peak = hardware.matmul_flops(program.values[op.operands[0]].dtype)
+            scale = analysis.flop_scales.get(op_id, 2.0)
+            if not members:
+                self.fixed_at_peak[kernel_index] += scale / peak
+                continue
             starts.append(len(flop_names))
             flop_names.extend(members)
-            peaks.append(hardware.matmul_flops(program.values[op.operands[0]].dtype))
+            peaks.append(peak)
+            scales.append(scale)
             matmul_kernels.append(kernel_index)
         self.flop_names = np.asarray(flop_names, dtype=np.int64)
         self.flop_starts = np.asarray(starts, dtype=np.int64)
         self.flop_peaks = np.asarray(peaks, dtype=np.float64)
+        self.flop_scales = np.asarray(scales, dtype=np.float64)
         self.matmul_kernels = np.asarray(matmul_kernels, dtype=np.int64)
         # Scatter-add rate per update element, by element width.
         scatter_kernels, scatter_values = plan.scatter_updates
@@ -404,12 +418,12 @@ class CostModel:
                      + np.bincount(scratch_kernel, weights=2.0 * bytes_of[scratch_value] * scratch_scale,
                                    minlength=kernel_count))  # scratch: written, then read back
         # bincount adds each bin's terms in order, as a loop (and np.add.at) would.
-        at_peak: np.ndarray = np.zeros(kernel_count, dtype=np.float64)
+        at_peak: np.ndarray = self.fixed_at_peak.copy()
         if len(self.flop_names):
             devices = self.model.devices_of_mask[state.masks[self.flop_names]]
             local = (self.model.name_size[self.flop_names] // devices).astype(np.float64)
-            flops = 2.0 * np.multiply.reduceat(local, self.flop_starts)
-            at_peak = np.bincount(self.matmul_kernels, weights=flops / self.flop_peaks, minlength=kernel_count)
+            flops = self.flop_scales * np.multiply.reduceat(local, self.flop_starts)
+            at_peak += np.bincount(self.matmul_kernels, weights=flops / self.flop_peaks, minlength=kernel_count)
         atomics: np.ndarray = np.zeros(kernel_count, dtype=np.float64)
         if len(self.scatter_values):
             elements = value_bytes[self.scatter_values] * 8 / np.maximum(
@@ -612,15 +626,15 @@ class CostModel:
         """``int64[rows]``: the group of each collective as XLA's all-reduce, all-gather and reduce-scatter
         combiners combine them: of one kind over one axis set, taken in the order their operands are ready, each
         joins the one before while neither depends on the other (it is ready before the group's first consumer)
-        and the group stays within the profile's ``combine_threshold`` bytes. All-to-alls stay alone. None when
-        no two combine."""
+        and the group stays within the profile's ``combine_threshold`` bytes. All-to-alls and collective-permutes
+        stay alone. None when no two combine."""
         threshold = self.hardware.combine_threshold
         if len(kind) < 2 or threshold <= 0:
             return None
         order = np.lexsort((consumer, ready, axes_mask, kind))
         group = np.empty(len(order), dtype=np.int64)
         current, group_kind, group_mask, group_bytes, group_due = -1, -1, -1, 0.0, 0
-        combinable = kind != ALL_TO_ALL
+        combinable = (kind != ALL_TO_ALL) & (kind != COLLECTIVE_PERMUTE)
         for row, row_kind, row_mask, row_bytes, row_ready, row_due, can in zip(
                 order.tolist(), kind[order].tolist(), axes_mask[order].tolist(), nbytes[order].tolist(),
                 ready[order].tolist(), consumer[order].tolist(), combinable[order].tolist(), strict=True):
@@ -710,8 +724,8 @@ class CostModel:
         """The ``top`` largest buffers live when the peak is reached (largest first)."""
         value_bytes = self.communication.value_bytes(state)
         sizes = value_bytes[self.plan.buffers]
-        delta = self._live_delta(sizes, self.communication.table(state, value_bytes)) + self._scratch_delta(
-            value_bytes)
+        delta = self._live_delta(sizes, self.communication.table(state, value_bytes),
+                                 value_bytes=value_bytes) + self._scratch_delta(value_bytes)
         at = int(np.argmax(np.cumsum(delta)))
         born, dies = self.buffer_born, self.buffer_dies
         live = np.flatnonzero((born <= at) & (dies > at))
@@ -724,20 +738,30 @@ class CostModel:
         return found
 
     def _live_delta(self, sizes: np.ndarray, collectives: CollectiveTable,
-                    group_of_row: np.ndarray | None = None) -> np.ndarray:
+                    group_of_row: np.ndarray | None = None, *, value_bytes: np.ndarray | None = None) -> np.ndarray:
         """Bytes allocated (+) and freed (-) at each position (kernel index + 1; 0 before the first): every
         buffer over its live range, every value resharded for its uses (gathered parameters, Figure 5b's
         k) as a second copy from its first such use to its last, and the results of reductions while they run
-        (``_reduction_delta``)."""
+        (``_reduction_delta``). A halo exchange's rows live while their op runs, and with them (given
+        ``value_bytes``) the operand's local shard once more: XLA concatenates the two into a buffer of its own."""
         positions = len(self.plan.kernels) + 3
         # A use's steps (an all-gather per dim, then an all-to-all) leave one copy: its last step's output (the
-        # ones before are consumed by the next step at once).
+        # ones before are consumed by the next step at once). Each halo is a buffer of its own.
         op, operand, value = collectives.op, collectives.operand, collectives.value
-        last_step = np.ones(len(collectives), dtype=bool)
-        last_step[:-1] = (op[1:] != op[:-1]) | (operand[1:] != operand[:-1]) | (value[1:] != value[:-1])
+        halo = collectives.kind == COLLECTIVE_PERMUTE
+        last_step = halo.copy()
+        last_step[-1:] = True
+        last_step[:-1] |= (op[1:] != op[:-1]) | (operand[1:] != operand[:-1]) | (value[1:] != value[:-1]) | halo[1:]
         uses = (collectives.operand >= 0) & last_step
         used_by, copy_bytes = collectives.op[uses], collectives.bytes_out[uses]
         last_user = np.maximum(collectives.last_op[uses], used_by)
+        if value_bytes is not None and halo.any():
+            # The widened operand: once per op and operand exchanging halos (its low and high rows are adjacent).
+            first_halo = halo.copy()
+            first_halo[1:] &= ~(halo[:-1] & (op[1:] == op[:-1]) & (operand[1:] == operand[:-1]))
+            used_by = np.concatenate((used_by, op[first_halo]))
+            last_user = np.concatenate((last_user, op[first_halo]))
+            copy_bytes = np.concatenate((copy_bytes, value_bytes[value[first_halo]]))
         # Sums of whole bytes (below 2**53) in float64: exact, as int64 sums would be.
         delta = (np.bincount(self.buffer_born, weights=sizes, minlength=positions)
                  - np.bincount(self.buffer_dies, weights=sizes, minlength=positions)
@@ -796,7 +820,8 @@ class CostModel:
         if donated:
             sizes = sizes.copy()
             sizes[[self._buffer_index[v] for v in donated]] = 0
-        return np.cumsum(self._live_delta(sizes, collectives, group_of_row) + self._scratch_delta(value_bytes))
+        return np.cumsum(self._live_delta(sizes, collectives, group_of_row, value_bytes=value_bytes)
+                         + self._scratch_delta(value_bytes))
 
     def _peak_memory(self, collectives: CollectiveTable, value_bytes: np.ndarray,
                      group_of_row: np.ndarray | None = None) -> int:

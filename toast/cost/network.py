@@ -7,8 +7,9 @@ TPU slice), spans nodes with one device in each, or both (``GroupSpan``).
 
 Each algorithm's time is affine in the message size S (bytes as nccl-tests counts them: an all-reduce's
 buffer per device, an all-gather's gathered and a reduce-scatter's scattered buffer, an all-to-all's buffer
-per device), ``latency + S * seconds_per_byte``, and a collective takes its fastest algorithm, as NCCL's
-tuner picks one per size (its model is the same affine one: src/graph/tuning.cc). For a group of n devices,
+per device, a collective-permute's buffer sent per device), ``latency + S * seconds_per_byte``, and a
+collective takes its fastest algorithm, as NCCL's tuner picks one per size (its model is the same affine one:
+src/graph/tuning.cc). For a group of n devices,
 k per node on m nodes, with the node's fabric F (line rate B_F per device) and the network N joining the
 nodes (line rate B_N per device: a node's NICs over its devices, since NCCL spreads a collective over all of
 them) and, per regime r (large messages, small messages), the efficiency e_r and per-step latency a_r of each:
@@ -24,6 +25,10 @@ them) and, per regime r (large messages, small messages), the efficiency e_r and
   across nodes, all-gather in the node, pipelined, so the slower phase sets the pace: ``max(in the node:
   2(k-1)/k S / (e_F B_F), or S / (e_sw B_F) with switch reduction; across: 2(m-1)/m S / (e_N k B_N))``, with
   ``2(k-1)`` fabric steps (or the switch's latency) and ``2 ceil(log2 m)`` network steps, up and down a tree.
+- **point-to-point** (collective-permute: a halo exchange, each device sends S to one neighbour along the
+  group and receives S from the other): one step, ``S / (e_F B_F)`` in one node; across nodes the pairs that
+  straddle a node boundary set the pace, one network step and ``S / (e_N B_N)`` (each such device sends
+  through its own share of the node's NICs).
 
 The small-message regime (NCCL's low-latency protocols) has lower latency and lower bandwidth; the
 parameters of every level are fitted to nccl-tests measurements (``benchmarks/fit_collectives.py``,
@@ -39,7 +44,7 @@ from dataclasses import dataclass
 from toast.cost.hardware import Hardware, InterconnectLevel
 from toast.errors import ToastError
 
-COLLECTIVE_KINDS = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all")
+COLLECTIVE_KINDS = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all", "collective-permute")
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +84,7 @@ class Algorithm:
     """One way to run a collective: ``seconds = latency + bytes * seconds_per_byte``.
 
     Attributes:
-      name: ``ring``, ``switch`` or ``hierarchical``, with ``/small`` for the small-message regime.
+      name: ``ring``, ``switch``, ``hierarchical`` or ``point-to-point``, with ``/small`` for the small-message regime.
       latency: seconds.
       seconds_per_byte: seconds per byte of the message (nccl-tests' size).
     """
@@ -162,6 +167,13 @@ def algorithms(kind: str, span: GroupSpan, hardware: Hardware) -> tuple[Algorith
         ring_bw = fabric_bw if m == 1 else min(fabric_bw, group_net_bw) if k > 1 else group_net_bw
         # A pass around the ring: n - m hops inside nodes and m - 1 between them (NCCL's tuning model).
         ring_steps = (n - m) * fabric_step + (m - 1) * net_step
+        if kind == "collective-permute":
+            if m == 1:
+                found.append(Algorithm("point-to-point" + regime, fabric_step, 1 / fabric_bw))
+            else:
+                found.append(Algorithm("point-to-point" + regime, max(fabric_step, net_step),
+                                       max(1 / fabric_bw, 1 / net_bw)))
+            continue
         if kind == "all-to-all":
             per_byte = max((k - 1) / n / fabric_bw, (n - k) / n / net_bw if m > 1 else 0.0)
             found.append(Algorithm("ring" + regime, ring_steps, per_byte))

@@ -83,7 +83,7 @@ def check_host_validation(mesh: Mesh, *, validate_on_host: bool) -> None:
 def compare(analysis, mesh: Mesh, hardware: Hardware, *, source: str, roles: Roles | None,
             settings: SearchSettings, memory_gib: float | None = None,
             pinned: Mapping[str, Sequence] | None = None, validate_on_host: bool = False, microbatches: int = 1,
-            progress: Progress | None = None) -> CompareResult:
+            progress: Progress | None = None, validate_timeout_s: float = 600.0) -> CompareResult:
     """Search a strategy and price every manual strategy that applies under the same model and memory limit.
 
     Args:
@@ -99,6 +99,7 @@ def compare(analysis, mesh: Mesh, hardware: Hardware, *, source: str, roles: Rol
       validate_on_host: also compile and run every strategy that applies with XLA on host CPU devices.
       microbatches: micro-batches per step (gradient accumulation), for the search and every strategy.
       progress: the search's progress callback.
+      validate_timeout_s: the time limit of each strategy's XLA check, seconds.
 
     Raises:
       ToastError: ``validate_on_host`` with a mesh of more than ``MAX_HOST_DEVICES`` devices (before any
@@ -111,7 +112,8 @@ def compare(analysis, mesh: Mesh, hardware: Hardware, *, source: str, roles: Rol
     if not validate_on_host:
         return result
     return dataclasses.replace(result, rows=tuple(row if row.state is None else dataclasses.replace(
-        row, agreement=validate(found.model, row.state, hardware, seed=settings.seed)) for row in result.rows))
+        row, agreement=validate(found.model, row.state, hardware, seed=settings.seed,
+                                 timeout_s=validate_timeout_s)) for row in result.rows))
 
 
 def comparison_result(found: Found, manual: Sequence[Comparison], *, source: str) -> CompareResult:

@@ -82,6 +82,13 @@ INPUTS: tuple[Relation, ...] = (
     # --- op attributes -------------------------------------------------------------------
     _rel("custom_call_target", "Op:OpId, Target:symbol",
          "Op is a stablehlo.custom_call of call_target_name Target."),
+    _rel("custom_call_kernel", "Op:OpId, Name:symbol",
+         "custom_call Op runs the kernel Name: a Pallas TPU kernel's kernel_name attribute, or the name its "
+         "backend_config gives (a Pallas GPU / Triton kernel). A kernel's identity is its target and its name."),
+    _rel("kernel_cost_estimate", "Op:OpId, Flops:symbol, Bytes:symbol, Transcendentals:symbol",
+         "custom_call Op carries its kernel's own cost estimate (a Pallas TPU kernel's backend_config "
+         "cost_estimate) over its whole shapes: FLOPs, bytes accessed and transcendentals, each as decimal "
+         "text (the counts outgrow a 32-bit Datalog number)."),
     _rel("dot_batch", "Op:OpId, LhsDim:number, RhsDim:number, OutDim:number",
          "dot_general Op pairs batch dims LhsDim and RhsDim; they become result dim OutDim."),
     _rel("dot_contract", "Op:OpId, LhsDim:number, RhsDim:number",
@@ -123,6 +130,10 @@ INPUTS: tuple[Relation, ...] = (
     _rel("conv_spatial", "Op:OpId, LhsDim:number, RhsDim:number, OutDim:number",
          "convolution Op slides kernel spatial dim RhsDim over lhs spatial dim LhsDim, giving "
          "result spatial dim OutDim."),
+    _rel("conv_window", "Op:OpId, LhsDim:number, Stride:number, Low:number, High:number, Dilated:number",
+         "convolution Op moves its window along lhs spatial dim LhsDim by Stride, over that dim padded with "
+         "Low and High elements (edge padding; negative crops); Dilated = 1 when lhs_dilation, rhs_dilation "
+         "or window_reversal along it is not the identity."),
     _rel("gather_offset", "Op:OpId, OperandDim:number, OutDim:number, SliceSize:number",
          "gather Op takes slices of SliceSize along operand dim OperandDim into result offset dim OutDim."),
     _rel("gather_batch", "Op:OpId, IndicesDim:number, OutDim:number",
@@ -167,9 +178,24 @@ OUTPUTS: tuple[Relation, ...] = (
          "Op sums over dim Dim of its operand Index (a contracting dim of a dot_general or convolution, "
          "a reduced dim of a reduce): split along an axis, the result is a partial sum over that axis "
          "(an all-reduce or reduce-scatter)."),
+    _rel("halo_dim", "Op:OpId, Index:number, Dim:number, Low:number, High:number",
+         "Op's result row i along dim Dim of its operand Index reads that dim's rows i - Low to i + High "
+         "(a window wider than 1, identified with the result's dim): split along axes, each device needs "
+         "Low rows (elements) from its lower neighbour and High from its upper one (a halo exchange: "
+         "collective-permutes)."),
     _rel("flop_name", "Op:OpId, Name:NameId",
          "Dimension name Name (of Op's result 0 or of a use of Op) multiplies into Op's FLOPs: "
-         "2 x the product of the (local) sizes of Op's names; derived for contractions (rules/ops/contraction.dl)."),
+         "2 x the product of the (local) sizes of Op's names; derived for contractions (rules/ops/contraction.dl) "
+         "and kernels (rules/ops/kernels.dl)."),
+    _rel("flop_whole", "Op:OpId, Index:number, Dim:number",
+         "Dim Dim of operand Index of Op multiplies into Op's FLOPs at its whole size, whatever the sharding "
+         "(a kernel reads that dim whole); with flop_name and flop_coefficient."),
+    _rel("flop_coefficient", "Op:OpId, Coefficient:number",
+         "Op's FLOPs are Coefficient (not 2) x the product of its flop_name names' local sizes and its "
+         "flop_whole dims' sizes (an attention kernel's 4 x B x H x Sq x Sk x D)."),
+    _rel("flop_estimate", "Op:OpId, Flops:symbol",
+         "Op's FLOPs over its whole shapes are Flops (decimal text: a kernel's own cost_estimate); on one "
+         "device each flop_name name divides them by its split (global over local size)."),
     _rel("elementwise_op", "Op:OpId",
          "Op is of an elementwise kind (elementwise_kind in rules/ops/elementwise.dl)."),
     # --- what one device runs each op as: the kernel plan of the cost model reads these ---------
@@ -182,6 +208,9 @@ OUTPUTS: tuple[Relation, ...] = (
          "(loop-fused with its readers). Each op family file classifies its kinds."),
     _rel("custom_call_class", "Target:symbol, Class:symbol",
          "A stablehlo.custom_call of call_target_name Target runs as Class (as in kernel_class)."),
+    _rel("kernel_call_class", "Target:symbol, Name:symbol, Class:symbol",
+         "A stablehlo.custom_call of call_target_name Target running kernel Name (custom_call_kernel) runs "
+         "as Class (as in kernel_class); it takes precedence over the target's custom_call_class."),
     _rel("in_place_update", "Kind:symbol, Target:number, Update:number",
          "An op of kind Kind writes its operand Update into its operand Target in place: the result is "
          "Target's buffer, Target is not read."),
@@ -201,7 +230,8 @@ OUTPUTS: tuple[Relation, ...] = (
          "a scatter-add of its operand Source into its operand Init broadcast to the result's shape (a "
          "max pool's gradient, as XLA expands select_and_scatter)."),
     _rel("unpriced_op", "Op:OpId, Kind:symbol",
-         "Op, of kind Kind, has no kernel_class (a custom_call: no custom_call_class for its target): the "
+         "Op, of kind Kind, has no kernel_class (a custom_call: no kernel_call_class for its kernel, no "
+         "custom_call_class for its target): the "
          "cost model prices it as a library call by its bytes, and it is reported."),
     INVALID,
 )

@@ -55,6 +55,13 @@ def _attribute_facts(op: Op, program: Program) -> Iterator[tuple[str, tuple]]:
     kind = op.kind.removeprefix("stablehlo.")
     if kind == "custom_call":
         yield "custom_call_target", (op.id, str(op.attr("call_target_name", "")))
+        kernel = op.attr("kernel")
+        if kernel:
+            yield "custom_call_kernel", (op.id, str(kernel))
+        estimate = op.attr("kernel_cost_estimate")
+        if estimate is not None:
+            flops, bytes_accessed, transcendentals = estimate
+            yield "kernel_cost_estimate", (op.id, str(flops), str(bytes_accessed), str(transcendentals))
     elif kind == "dot_general":
         yield from _dot_general(op, program)
     elif kind == "transpose":
@@ -143,9 +150,19 @@ def _convolution(op: Op) -> Iterator[tuple[str, tuple]]:
         yield "conv_out_feature", (op.id, numbers["kernel_output_feature_dimension"],
                                    numbers["output_feature_dimension"])
     yield "conv_kernel_out_feature", (op.id, numbers["kernel_output_feature_dimension"])
-    for lhs, rhs, out in zip(numbers["input_spatial_dimensions"], numbers["kernel_spatial_dimensions"],
+    spatial = numbers["input_spatial_dimensions"]
+    for lhs, rhs, out in zip(spatial, numbers["kernel_spatial_dimensions"],
                              numbers["output_spatial_dimensions"], strict=True):
         yield "conv_spatial", (op.id, lhs, rhs, out)
+    rank = len(spatial)
+    strides = op.attr("window_strides", (1,) * rank)
+    padding = op.attr("padding", (0,) * (2 * rank))  # flattened [rank, 2] pairs
+    dilations = zip(op.attr("lhs_dilation", (1,) * rank), op.attr("rhs_dilation", (1,) * rank),
+                    op.attr("window_reversal", (0,) * rank), strict=True)
+    for k, (lhs, stride, (lhs_dilation, rhs_dilation, reversal)) in enumerate(
+            zip(spatial, strides, dilations, strict=True)):
+        dilated = lhs_dilation != 1 or rhs_dilation != 1 or bool(reversal)
+        yield "conv_window", (op.id, lhs, stride, padding[2 * k], padding[2 * k + 1], int(dilated))
 
 
 def _batch_positions(rank: int, index_vector_dim: int) -> list[int]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
 import sysconfig
 from collections.abc import Callable, Sequence
@@ -382,7 +383,8 @@ def decode_attribute(attr: Any) -> Any:
     if isinstance(attr, ir.FlatSymbolRefAttr):
         return attr.value
     if isinstance(attr, ir.DenseIntElementsAttr) and not isinstance(attr, ir.DenseResourceElementsAttr):
-        if len(ir.ShapedType(attr.type).shape) <= 1:
+        # Rank 2: a convolution's or reduce_window's ``padding`` ([rank, 2] pairs), flattened row-major.
+        if len(ir.ShapedType(attr.type).shape) <= 2:
             return tuple(int(attr[i]) for i in range(len(attr)))
         return None
     if stablehlo.ComparisonDirectionAttr.isinstance(attr):
@@ -470,6 +472,55 @@ _DIMENSION_NUMBERS: dict[str, tuple[str, ...]] = {
         "index_vector_dim",
     ),
 }
+
+def kernel_attributes(attributes: Any, *, where: str) -> tuple[tuple[str, Any], ...]:
+    """A custom call's kernel identity, as op attributes: ``("kernel", name)`` (the ``kernel_name`` attribute of
+    a Pallas TPU kernel, else the ``name`` its backend_config gives: a Pallas GPU / Triton kernel) and, when its
+    backend_config carries one, ``("kernel_cost_estimate", (flops, bytes, transcendentals))`` (a Pallas TPU
+    kernel's ``custom_call_config.cost_estimate``: counts over the call's whole shapes).
+
+    Raises:
+      InputError: a cost estimate whose counts are not non-negative integers.
+    """
+    config = _backend_config(attributes)
+    found: list[tuple[str, Any]] = []
+    name = decode_attribute(attributes["kernel_name"]) if "kernel_name" in attributes else None
+    if not isinstance(name, str) or not name:
+        name = config.get("name")
+    if isinstance(name, str) and name:
+        found.append(("kernel", name))
+    call_config = config.get("custom_call_config")
+    estimate = call_config.get("cost_estimate") if isinstance(call_config, dict) else None
+    if estimate is not None:
+        counts = tuple(estimate.get(key) if isinstance(estimate, dict) else None
+                       for key in ("flops", "bytes_accessed", "transcendentals"))
+        if not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in counts):
+            raise InputError(f"{where}: custom_call cost_estimate {json.dumps(estimate)[:200]} is not a set of "
+                             "non-negative integer counts (flops, bytes_accessed, transcendentals)")
+        found.append(("kernel_cost_estimate", counts))
+    return tuple(found)
+
+
+def _backend_config(attributes: Any) -> dict[str, Any]:
+    """A custom call's backend_config as a dict: a JSON string (``backend_config``, as a Pallas TPU kernel has it) or
+    a dictionary attribute (``mhlo.backend_config``, as a Triton kernel has it); ``{}`` when it is neither (an opaque
+    string of another library: it names no kernel)."""
+    for key in ("backend_config", "mhlo.backend_config"):
+        if key not in attributes:
+            continue
+        attr = attributes[key]
+        if isinstance(attr, ir.StringAttr):
+            try:
+                parsed = json.loads(attr.value) if attr.value.strip() else None
+            except ValueError:
+                parsed = None
+            if isinstance(parsed, dict):
+                return parsed
+        elif isinstance(attr, ir.DictAttr):
+            # Only the name: other entries can be large or binary (a Triton kernel's ``ir``).
+            return {"name": decode_attribute(attr["name"])} if "name" in attr else {}
+    return {}
+
 
 # Attributes that only carry data the rules never read (and can be large).
 _SKIPPED_ATTRIBUTES = frozenset({"value", "backend_config", "mhlo.frontend_attributes", "precision_config"})
@@ -569,6 +620,9 @@ class _Reader:
             env[mlir_result] = value_id
         op_id = len(self.ops)
         attrs = self._attributes(mlir_op)
+        if kind == "stablehlo.custom_call":
+            attrs = tuple(sorted(attrs + kernel_attributes(mlir_op.attributes, where=loc or self.source),
+                                 key=lambda kv: kv[0]))
         regions: list[tuple[int, ...]] = []
         # Reserve the op's slot first so parents precede their children.
         self.ops.append(Op(op_id, kind, operands, results, attrs, loc, parent, ()))

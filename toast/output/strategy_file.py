@@ -266,6 +266,12 @@ def _check_collective_sizes(document: dict[str, Any], sizes: dict[str, int], *, 
             small, large = bytes_in, bytes_out
         elif kind == "reduce-scatter":
             small, large = bytes_out, bytes_in
+        elif kind == "collective-permute":
+            if bytes_in != bytes_out:  # a halo exchange receives as many bytes as it sends
+                raise ToastError(f"{where}: collectives[{k}] (collective-permute over "
+                                 f"{'+'.join(collective['axes'])}) takes {bytes_in} bytes per device to {bytes_out}; "
+                                 f"a collective-permute receives as many bytes as it sends. {_REWRITE}")
+            continue
         else:
             continue  # an all-reduce or all-to-all moves as many bytes as it keeps: no size to check
         if not small * devices - (devices - 1) <= large <= small * devices:

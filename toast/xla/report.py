@@ -3,12 +3,41 @@ live peak (``XlaReport``), and the reply's JSON read back (``report_from_json``)
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from toast.xla.live_range import LivePeak, LiveValue
 
-__all__ = ["Numerics", "XlaCollective", "XlaReport", "report_from_json"]
+__all__ = ["Numerics", "OutputError", "XlaCollective", "XlaReport", "report_from_json"]
+
+
+@dataclass(frozen=True)
+class OutputError:
+    """How far one output of the sharded run is from the reference.
+
+    Attributes:
+      name: the output as toast names results: its ``jax.result_info`` path (``result[1]['w']``), else
+        ``result[i]``.
+      match: every shard within the tolerance (see ``Numerics``).
+      max_abs_error: the largest absolute difference over its shards, where neither side is NaN or infinite.
+      scale: the largest finite magnitude of the reference output (what the tolerance scales with).
+      nan_mismatches: elements NaN on one side only.
+    """
+
+    name: str
+    match: bool
+    max_abs_error: float
+    scale: float
+    nan_mismatches: int = 0
+
+    @property
+    def relative_error(self) -> float:
+        """``max_abs_error / scale``: about 1e-7 to 1e-5 for float32 rounding (sums reordered), order one
+        for a wrong sharding; infinite for an error on an output whose reference is all zero."""
+        if self.scale > 0:
+            return self.max_abs_error / self.scale
+        return math.inf if self.max_abs_error > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -16,10 +45,10 @@ class Numerics:
     """Sharded outputs against the 1-device reference.
 
     Attributes:
-      match: every output shard on every device is close to the reference (``numpy.allclose``
-        with rtol=1e-4, atol=1e-5 + rtol·max|reference| for f32/f64, rtol=atol=1e-2 (plus the
-        same scaled term) for f16/bf16, exact for integers: sharding reorders sums, whose
-        rounding error follows the output's magnitude).
+      match: every output shard on every device is close to the reference: ``|got - want| <=
+        atol + rtol * scale`` with ``scale`` the output's largest finite magnitude, rtol=1e-4, atol=1e-5
+        for f32/f64, rtol=atol=1e-2 for f16/bf16, exact for integers (sharding reorders sums, whose
+        rounding error follows the output's magnitude, not each element's).
         A NaN matches a NaN at the same place (a program that makes NaN makes it sharded or not); a
         NaN on one side only is a mismatch.
       max_abs_error: the largest absolute difference over all outputs and devices, where neither side is
@@ -27,6 +56,8 @@ class Numerics:
       outputs: how many outputs ``@main`` returns.
       nan_values: NaN elements of the reference outputs.
       nan_mismatches: output elements NaN on one side only (over all devices' shards).
+      worst: the outputs furthest from the reference (at most 3): mismatched ones first, then by relative
+        error; outputs equal to the reference are left out.
     """
 
     match: bool
@@ -34,6 +65,7 @@ class Numerics:
     outputs: int
     nan_values: int = 0
     nan_mismatches: int = 0
+    worst: tuple[OutputError, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -81,12 +113,17 @@ class XlaReport:
         and the ``host_*`` ones).
       live_peak: the values live at once at the peak of XLA's schedule (``toast.xla.live_range``);
         None in a reply that has none.
+      worker_peaks: the check worker's own peak resident memory per stage, ``(stage, bytes)`` in the order
+        run (``reading the module``, ``compiling the reference``, ``running the reference``, ``compiling the
+        sharded module``, ``running the sharded module``, ``comparing the outputs``): what the check costs the
+        host, not the program's memory.
     """
 
     numerics: Numerics
     collectives: tuple[XlaCollective, ...]
     memory: dict[str, int]
     live_peak: LivePeak | None = None
+    worker_peaks: tuple[tuple[str, int], ...] = ()
 
 
 def report_from_json(reply: dict[str, Any]) -> XlaReport:
@@ -95,7 +132,11 @@ def report_from_json(reply: dict[str, Any]) -> XlaReport:
     return XlaReport(
         numerics=Numerics(match=bool(numerics["match"]), max_abs_error=float(numerics["max_abs_error"]),
                           outputs=int(numerics["outputs"]), nan_values=int(numerics.get("nan_values", 0)),
-                          nan_mismatches=int(numerics.get("nan_mismatches", 0))),
+                          nan_mismatches=int(numerics.get("nan_mismatches", 0)),
+                          worst=tuple(OutputError(name=str(w["name"]), match=bool(w["match"]),
+                                                  max_abs_error=float(w["max_abs_error"]), scale=float(w["scale"]),
+                                                  nan_mismatches=int(w.get("nan_mismatches", 0)))
+                                      for w in numerics.get("worst", ()))),
         collectives=tuple(
             XlaCollective(kind=c["kind"], axes=tuple(c["axes"]), groups=tuple(tuple(g) for g in c["groups"]),
                           dtype=c["dtype"], shape=tuple(c["shape"]), bytes_in=int(c["bytes_in"]),
@@ -107,4 +148,5 @@ def report_from_json(reply: dict[str, Any]) -> XlaReport:
         live_peak=(LivePeak(time=int(reply["live_peak"]["time"]),
                             values=tuple(LiveValue(str(n), int(b), str(k)) for n, b, k in reply["live_peak"]["values"]))
                    if reply.get("live_peak") else None),
+        worker_peaks=tuple((str(stage), int(peak)) for stage, peak in reply.get("worker_peaks", ())),
     )

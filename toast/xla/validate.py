@@ -18,6 +18,7 @@ spurious collectives lower it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,7 @@ from typing import Any
 from toast.cost.collectives import Collective
 from toast.cost.hardware import Hardware
 from toast.cost.model import CostModel
+from toast.output.report import human_bytes
 from toast.output.sharded_stablehlo import sharded_module_text
 from toast.sharding.state import ShardingModel, ShardingState
 from toast.xla.worker import Numerics, XlaReport, check_sharded_module
@@ -81,6 +83,8 @@ class Agreement:
       xla_layout_copy_bytes: of the live peak, the layout copies (values XLA's CPU backend only moves into
         another layout, such as a dot's operand).
       xla_collective_bytes: of the live peak, the results of collectives.
+      worker_peaks: the check worker's peak resident bytes per stage (``XlaReport.worker_peaks``): what the
+        check cost the host.
     """
 
     numerics: Numerics
@@ -94,6 +98,7 @@ class Agreement:
     xla_footprint_bytes: int = 0
     xla_layout_copy_bytes: int = 0
     xla_collective_bytes: int = 0
+    worker_peaks: tuple[tuple[str, int], ...] = ()
 
     @property
     def agreement(self) -> float:
@@ -187,6 +192,7 @@ def compare(collectives: Sequence[Collective], predicted_peak_bytes: int, report
         xla_footprint_bytes=xla_footprint(report.memory),
         xla_layout_copy_bytes=live.layout_copy_bytes if live is not None else 0,
         xla_collective_bytes=live.collective_bytes if live is not None else 0,
+        worker_peaks=report.worker_peaks,
     )
 
 
@@ -207,8 +213,20 @@ def format_agreement(agreement: Agreement) -> str:
                  f"results); XLA allocates {agreement.xla_footprint_bytes} B")
     nans = (f"; {numerics.nan_values} NaN in the reference, {numerics.nan_mismatches} NaN on one side only"
             if numerics.nan_values or numerics.nan_mismatches else "")
+    largest = (f", largest relative error {numerics.worst[0].relative_error:.3g} ({numerics.worst[0].name})"
+               if numerics.match and numerics.worst else "")
     lines.append(f"numerics: {'match' if numerics.match else 'MISMATCH'} over {numerics.outputs} outputs "
-                 f"(max abs error {numerics.max_abs_error:.3g}{nans})")
+                 f"(max abs error {numerics.max_abs_error:.3g}{largest}{nans})")
+    if agreement.worker_peaks:
+        stage, peak = max(agreement.worker_peaks, key=lambda item: item[1])
+        lines.append(f"host memory of the check: {human_bytes(peak)} resident at most, while {stage}")
+    if numerics.worst and not numerics.match:
+        lines.append("worst outputs (max abs error over the output's largest magnitude: float32 rounding gives "
+                     "1e-7 to 1e-5, a wrong sharding about 1):")
+        for e in numerics.worst:
+            nan = f"; {e.nan_mismatches} NaN on one side only" if e.nan_mismatches else ""
+            lines.append(f"  {'MISMATCH' if not e.match else 'within':8}  {e.name}: relative error "
+                         f"{e.relative_error:.3g} ({e.max_abs_error:.3g} of {e.scale:.3g}{nan})")
     return "\n".join(lines) + "\n"
 
 
@@ -217,8 +235,13 @@ def validate(model: ShardingModel, state: ShardingState, hardware: Hardware, *, 
     """Estimate ``state``, have XLA compile and run its sharded module on ``mesh.devices`` host
     CPU devices (a worker process), and compare.
 
+    The worker holds about ``mesh.devices`` times what XLA allocates per device (the sharded run), plus the
+    unsharded outputs and JAX itself (0.7 GiB for a GPT-2-size step); it refuses to start the sharded run
+    where the host has less memory available.
+
     Raises:
-      ToastError: the module cannot be written or XLA rejects it.
+      toast.xla.worker.WorkerTimeout: the check ran past ``timeout_s`` seconds.
+      ToastError: the module cannot be written, XLA rejects it, or the host lacks the memory to run it.
     """
     cost_model = CostModel(model, hardware)
     cost = cost_model.evaluate(state)
@@ -232,7 +255,10 @@ def agreement_json(agreement: Agreement) -> dict[str, Any]:
     return {
         "numerics": {"match": agreement.numerics.match, "max_abs_error": agreement.numerics.max_abs_error,
                      "outputs": agreement.numerics.outputs, "nan_values": agreement.numerics.nan_values,
-                     "nan_mismatches": agreement.numerics.nan_mismatches},
+                     "nan_mismatches": agreement.numerics.nan_mismatches,
+                     "worst": [{"name": e.name, "match": e.match, "relative_error": _finite(e.relative_error),
+                                "max_abs_error": e.max_abs_error, "scale": e.scale,
+                                "nan_mismatches": e.nan_mismatches} for e in agreement.numerics.worst]},
         "collectives": [{"kind": r.kind, "axes": list(r.axes), "predicted": r.predicted, "xla": r.xla,
                          "predicted_bytes": r.predicted_bytes, "xla_bytes": r.xla_bytes, "matched": r.matched}
                         for r in agreement.rows],
@@ -241,8 +267,14 @@ def agreement_json(agreement: Agreement) -> dict[str, Any]:
         "xla_count": agreement.xla_count,
         "agreement": agreement.agreement,
         "tolerance": agreement.tolerance,
+        "worker_peak_bytes": [{"stage": stage, "bytes": peak} for stage, peak in agreement.worker_peaks],
         "peak_bytes": {"predicted": agreement.predicted_peak_bytes, "xla": agreement.xla_peak_bytes,
                        "error": agreement.peak_error, "xla_footprint": agreement.xla_footprint_bytes,
                        "xla_layout_copies": agreement.xla_layout_copy_bytes,
                        "xla_collective_results": agreement.xla_collective_bytes},
     }
+
+
+def _finite(number: float) -> float | None:
+    """``number``, or None where it is infinite (JSON has no infinity)."""
+    return number if math.isfinite(number) else None

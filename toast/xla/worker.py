@@ -5,8 +5,9 @@ module compiles that text with XLA's SPMD partitioner for a mesh of host CPU dev
 reports three things:
 
 - numerics: the sharded executable and a 1-device reference (the same module with every
-  sharding annotation removed) run on the same seeded random inputs; every device's output
-  shard is compared with the matching slice of the reference output;
+  sharding annotation removed) run on the same seeded random inputs, scaled like an initializer
+  (``toast.xla.numerics``); every device's output shard is compared with the matching slice of the
+  reference output, relative to the output's scale, and the worst outputs are named;
 - collectives: the all-reduce, all-gather, reduce-scatter, all-to-all and collective-permute
   instructions of XLA's optimized, partitioned HLO module, each with the mesh axes its device
   groups vary along and its per-device bytes;
@@ -52,6 +53,16 @@ Limits: a collective inside a loop body is listed once (the list is static, not 
 ``axes`` names a mesh axis even when the groups span only part of it (a sub-axis), ``groups``
 has the exact devices; shard_map (``sdy.manual_computation``) modules are refused.
 
+Memory and time. The worker holds what the comparison needs and no more (see ``_check``): its peak is about
+the mesh's devices times what XLA allocates per device (the sharded run, all devices at once), plus the
+unsharded outputs and JAX itself; it refuses the sharded run up front where the host has less available. It
+names each stage on stderr as it begins (``STAGE_PREFIX``) and reports each stage's peak resident memory
+(``XlaReport.worker_peaks``). The caller reads the worker's peak from the kernel when it ends (``os.wait4``),
+so a worker the out-of-memory killer ended is reported as such, with its peak and stage; one past its time
+limit is reported with its stage (``WorkerTimeout``), and with the reason when XLA warned that a collective
+waited for the devices' threads (eight of them on two busy cores can take minutes). XLA's own limit on such
+a wait (abort after 40 s) is raised to the worker's.
+
 This module is the protocol (the caller's side, the worker's ``main``) and the compile and run; the
 worker's other jobs are modules of their own: ``numerics`` (random inputs, shards against the reference),
 ``hlo_collectives`` (the compiled module's collectives) with ``groups`` (device groups as mesh axes) and
@@ -64,11 +75,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -78,16 +92,18 @@ from toast.processes import worker_setup
 from toast.xla.groups import device_count
 from toast.xla.hlo_collectives import hlo_collectives
 from toast.xla.live_range import live_peak_from_dump
-from toast.xla.numerics import compare_outputs, random_inputs
+from toast.xla.numerics import compare_outputs, index_bound, non_negative_arguments, random_input
 from toast.xla.report import Numerics, XlaCollective, XlaReport, report_from_json
 
 __all__ = [
     "Numerics",
     "XlaCollective",
+    "WorkerTimeout",
     "XlaReport",
     "check_sharded_module",
     "lower_sharded",
     "run_worker",
+    "worker_command",
 ]
 
 
@@ -95,6 +111,47 @@ __all__ = [
 
 
 PARENT_PID_VARIABLE = "TOAST_PARENT_PID"
+STAGE_PREFIX = "toast-xla-stage: "  # the worker's stderr lines that say what it does now
+# XLA aborts a CPU collective whose devices' threads have not all arrived after this many seconds (40 by
+# default): on a busy 2-core machine eight devices' threads can take longer without anything being wrong, so the
+# worker's own limit is the one that counts.
+_COLLECTIVE_TERMINATE_FLAG = "--xla_cpu_collective_call_terminate_timeout_seconds"
+_STUCK_WARNING = "may be stuck"  # XLA's warning when a collective waits 20 s for the devices' threads
+
+
+class WorkerTimeout(ToastError):
+    """The check worker ran past its time limit.
+
+    Attributes:
+      limit_s: the limit, in seconds.
+      stage: what the worker was doing (``running the sharded module``), or ``""``.
+      stuck: XLA warned that a collective waited for the devices' threads (a busy machine).
+    """
+
+    def __init__(self, limit_s: float, stage: str = "", stuck: bool = False, *, option: str = "timeout_s=") -> None:
+        self.limit_s, self.stage, self.stuck = limit_s, stage, stuck
+        during = f" (it was {stage})" if stage else ""
+        why = (": XLA's CPU collectives waited for the devices' threads, which the host's cores did not run in "
+               "time (a busy machine?)" if stuck else "")
+        super().__init__(f"the XLA check did not finish within {limit_s:g} s{during}{why}; give it longer with "
+                         f"{option}SECONDS")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Finished:
+    """A worker process that has ended: exit status (``-N`` for signal N), output, its peak resident bytes
+    (0 where unknown), and whether it was stopped at its time limit."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    peak_rss_bytes: int
+    timed_out: bool
+
+
+def worker_command() -> list[str]:
+    """The worker's command line (tests put another program in its place)."""
+    return [sys.executable, "-m", "toast.xla"]
 
 
 def run_worker(request: dict[str, Any], *, devices: int, timeout_s: float) -> dict[str, Any]:
@@ -111,28 +168,36 @@ def run_worker(request: dict[str, Any], *, devices: int, timeout_s: float) -> di
       The worker's JSON reply.
 
     Raises:
-      ToastError: the worker failed (the message ends with its last stderr line), timed out,
-        or replied with something that is not JSON.
+      WorkerTimeout: the worker ran past ``timeout_s`` (the message says during which stage, and whether
+        XLA's collectives were waiting for the devices' threads).
+      ToastError: the worker failed (the message ends with its last stderr line), was killed (``killed (out
+        of memory?)`` with its peak resident memory), or replied with something that is not JSON.
     """
     if devices < 1:
         raise ToastError(f"the XLA check needs at least 1 device, got {devices}")
     env = dict(os.environ)
     flags = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
+    if not any(f.startswith(_COLLECTIVE_TERMINATE_FLAG) for f in flags):
+        flags.append(f"{_COLLECTIVE_TERMINATE_FLAG}={math.ceil(timeout_s) + 60}")
     env["XLA_FLAGS"] = " ".join([*flags, f"--xla_force_host_platform_device_count={devices}"])
     env["JAX_NUM_CPU_DEVICES"] = str(devices)
     env["JAX_PLATFORMS"] = "cpu"
     env[PARENT_PID_VARIABLE] = str(os.getpid())  # the worker dies with this process (toast.processes)
-    command = [sys.executable, "-m", "toast.xla"]
+    command = worker_command()
     try:
-        done = subprocess.run(command, check=False, input=json.dumps(request), capture_output=True, text=True,
-                              timeout=timeout_s, env=env)
-    except subprocess.TimeoutExpired:
-        raise ToastError(f"XLA check worker timed out after {timeout_s:g} s; raise timeout_s") from None
+        done = _run_process(command, json.dumps(request), env=env, timeout_s=timeout_s)
     except OSError as err:
-        raise ToastError(f"cannot start the XLA check worker ({sys.executable}): {err.strerror}") from None
+        raise ToastError(f"cannot start the XLA check worker ({command[0]}): {err.strerror}") from None
+    lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
+    stages = [line[len(STAGE_PREFIX):] for line in lines if line.startswith(STAGE_PREFIX)]
+    stage = stages[-1] if stages else ""
+    messages = [line for line in lines if not line.startswith(STAGE_PREFIX)]
+    if done.timed_out:
+        raise WorkerTimeout(timeout_s, stage, any(_STUCK_WARNING in line for line in messages))
+    if done.returncode < 0:
+        raise ToastError(_death_message(-done.returncode, stage, done.peak_rss_bytes, messages))
     if done.returncode != 0:
-        lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
-        last = lines[-1] if lines else f"exit status {done.returncode}, no message"
+        last = messages[-1] if messages else f"exit status {done.returncode}, no message"
         raise ToastError(f"XLA check worker failed: {last}")
     try:
         reply = json.loads(done.stdout)
@@ -143,8 +208,89 @@ def run_worker(request: dict[str, Any], *, devices: int, timeout_s: float) -> di
     return reply
 
 
+def _death_message(number: int, stage: str, peak_rss_bytes: int, messages: Sequence[str]) -> str:
+    """One line for a worker that a signal ended: SIGKILL is most often the kernel's out-of-memory killer."""
+    from toast.output.report import human_bytes
+
+    during = f" while {stage}" if stage else ""
+    peak = f"; it peaked at {human_bytes(peak_rss_bytes)} resident" if peak_rss_bytes else ""
+    if number == signal.SIGKILL:
+        return f"XLA check worker was killed (out of memory?){during}{peak}"
+    try:
+        name = signal.Signals(number).name
+    except ValueError:
+        name = f"signal {number}"
+    fatal = [line for line in messages if _FATAL_LOG.match(line)]  # XLA's own reason when it aborts (glog F line)
+    reason = _FATAL_LOG.sub("", fatal[-1]) if fatal else (messages[-1] if messages else "no message")
+    return f"XLA check worker died of {name}{during}{peak}: {reason}"
+
+
+_FATAL_LOG = re.compile(r"^F\d{4} [\d:.]+\s+\d+ [^\]]*\] ")
+
+
+def _run_process(command: Sequence[str], request: str, *, env: dict[str, str], timeout_s: float) -> _Finished:
+    """Run ``command`` with ``request`` on stdin, stop it (SIGKILL) after ``timeout_s``, and read its peak
+    resident memory from the kernel's accounting when it ends (``os.wait4``: known even for a process the
+    out-of-memory killer ended)."""
+    process = subprocess.Popen(list(command), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, env=env)
+    chunks: dict[str, bytes] = {}
+
+    def read(name: str, stream: Any) -> None:
+        chunks[name] = stream.read()
+
+    def write() -> None:
+        assert process.stdin is not None
+        try:
+            process.stdin.write(request.encode())
+            process.stdin.close()
+        except (BrokenPipeError, OSError):  # the worker ended before reading it all: its status says why
+            pass
+
+    threads = [threading.Thread(target=read, args=("stdout", process.stdout), daemon=True),
+               threading.Thread(target=read, args=("stderr", process.stderr), daemon=True),
+               threading.Thread(target=write, daemon=True)]
+    for thread in threads:
+        thread.start()
+    lock, ended, timed_out = threading.Lock(), [False], [False]
+
+    def stop() -> None:
+        with lock:
+            if not ended[0]:  # never signal a pid once reaped (the kernel may have given it to another process)
+                timed_out[0] = True
+                process.kill()
+
+    timer = threading.Timer(timeout_s, stop)
+    timer.daemon = True
+    timer.start()
+    try:
+        if hasattr(os, "waitid"):
+            os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOWAIT)  # ended, not yet reaped
+            with lock:
+                ended[0] = True
+            _, status, usage = os.wait4(process.pid, 0)
+        else:  # no waitid (not Linux): reaped before the timer can know
+            _, status, usage = os.wait4(process.pid, 0)
+            with lock:
+                ended[0] = True
+    except BaseException:  # Ctrl-C or SIGTERM in the parent: take the worker down with it
+        with lock:
+            if not ended[0]:
+                process.kill()
+        process.wait()
+        raise
+    finally:
+        timer.cancel()
+    process.returncode = os.waitstatus_to_exitcode(status)
+    for thread in threads:
+        thread.join()
+    peak = int(usage.ru_maxrss) * (1 if sys.platform == "darwin" else 1024)  # kilobytes on Linux
+    return _Finished(process.returncode, chunks.get("stdout", b"").decode(errors="replace"),
+                     chunks.get("stderr", b"").decode(errors="replace"), peak, timed_out[0])
+
+
 def check_sharded_module(mlir_text: str, mesh_axes: Sequence[tuple[str, int]], *, seed: int = 0,
-                         timeout_s: float = 600) -> XlaReport:
+                         timeout_s: float = 600, reference_mlir: str | None = None) -> XlaReport:
     """Compile, run and inspect an annotated StableHLO module on ``prod(sizes)`` CPU devices.
 
     Args:
@@ -153,13 +299,19 @@ def check_sharded_module(mlir_text: str, mesh_axes: Sequence[tuple[str, int]], *
       mesh_axes: ``[(name, size), ...]`` in mesh order, e.g. ``[("batch", 4), ("model", 2)]``.
       seed: seed of the random inputs.
       timeout_s: wall-clock limit for the worker, in seconds.
+      reference_mlir: the program the sharded run is compared with, run on one device (its annotations
+        removed); default ``mlir_text`` itself. Its ``@main`` must take and return the same types.
 
     Raises:
-      ToastError: bad mesh, a module XLA rejects, an unsupported construct, or a worker failure.
+      WorkerTimeout: the worker ran past ``timeout_s``.
+      ToastError: bad mesh, a module XLA rejects, an unsupported construct, a host without the memory
+        the sharded run needs, or a worker failure.
     """
     mesh = _mesh_json(mesh_axes)
-    reply = run_worker({"mlir": mlir_text, "mesh": mesh, "seed": int(seed)},
-                       devices=device_count(mesh_axes), timeout_s=timeout_s)
+    request: dict[str, Any] = {"mlir": mlir_text, "mesh": mesh, "seed": int(seed)}
+    if reference_mlir is not None:
+        request["reference"] = reference_mlir
+    reply = run_worker(request, devices=device_count(mesh_axes), timeout_s=timeout_s)
     return report_from_json(reply)
 
 
@@ -216,7 +368,9 @@ def _serve(request: dict[str, Any]) -> dict[str, Any]:
     if "lower" in request:
         return _lower(request, mesh_axes)
     if "mlir" in request:
-        return _check(str(request["mlir"]), mesh_axes, seed=int(request.get("seed", 0)))
+        reference = request.get("reference")
+        return _check(str(request["mlir"]), mesh_axes, seed=int(request.get("seed", 0)),
+                      reference=None if reference is None else str(reference))
     raise ToastError("worker request has neither 'mlir' nor 'lower'")
 
 
@@ -263,37 +417,208 @@ def _lower(request: dict[str, Any], mesh_axes: Sequence[tuple[str, int]]) -> dic
     return {"mlir": lowered.as_text()}
 
 
-def _check(text: str, mesh_axes: Sequence[tuple[str, int]], *, seed: int) -> dict[str, Any]:
-    """Compile sharded and unsharded, run both, list collectives and memory."""
-    from jax.interpreters import mlir as jax_mlir
-    from jaxlib.mlir import ir
+def _check(text: str, mesh_axes: Sequence[tuple[str, int]], *, seed: int, reference: str | None = None
+           ) -> dict[str, Any]:
+    """Compile and run unsharded, then sharded, compare, list collectives and memory.
 
+    Memory: what the comparison needs and no more. Inputs are made one argument at a time from their own
+    generators (made again for the second run, not kept) and placed straight onto the devices; each executable
+    is dropped once run; the reference outputs are kept for the comparison, which drops each output's arrays
+    once compared. The worker's peak is about the larger of the reference run (its inputs, temporaries and
+    outputs) and the sharded run (the reference outputs, plus every device's inputs, temporaries and outputs:
+    the devices times what XLA allocates per device); the sharded run is refused up front where the host has
+    less memory available than that (``_memory_shortfall``).
+    """
+    from jax.interpreters import mlir as jax_mlir
+
+    stages = _Stages()
+    stages.begin("reading the module")
     devices = _mesh_devices(mesh_axes)
     context = jax_mlir.make_ir_context()
-    try:
-        module = ir.Module.parse(text, context=context)
-    except ir.MLIRError as err:
-        raise ToastError(f"cannot parse the StableHLO module: {_first_line(err)}") from None
+    module = _parse(text, context, what="the StableHLO module")
     with context:
         shardy = _uses_shardy(module)
         _check_mesh(module, mesh_axes)
         signature = _main_signature(module)
+        arguments = signature[0]
+        names = _result_names(module)
+        if reference is not None:
+            module = _parse(reference, context, what="the reference module")
+            if _main_signature(module) != signature:
+                raise ToastError("the reference module's @main takes or returns other types than the sharded one's")
         reference_text = _strip_shardings(module)
-    inputs = random_inputs(signature[0], seed=seed)
+        non_negative = non_negative_arguments(module)
+    del module
+    high = index_bound(arguments)
+
+    def host_input(index: int) -> Any:
+        shape, element_type = arguments[index]
+        return random_input(shape, element_type, seed=seed, index=index, high=high,
+                            non_negative=index in non_negative)
+
+    stages.begin("compiling the reference")
+    unsharded = _compile(reference_text, devices[:1], shardy=False)
+    del reference_text
+    stages.begin("running the reference")
+    expected = [out[0] for out in _execute(unsharded, devices[:1], host_input, len(arguments))]
+    del unsharded
+    _release_memory()
+    stages.begin("compiling the sharded module")
     with tempfile.TemporaryDirectory(prefix="toast-xla-dump-") as dump_dir:
         sharded = _compile(text, devices, shardy=shardy, dump_to=dump_dir)
         hlo_modules = sharded.hlo_modules()
         live_peak = live_peak_from_dump(Path(dump_dir), hlo_modules[0])
-    reference = _compile(reference_text, devices[:1], shardy=False)
-    expected = [out[0] for out in _execute(reference, devices[:1], inputs)]
-    numerics = compare_outputs(_execute(sharded, devices, inputs), expected, sharded.get_output_shardings(), devices)
+    collectives = [c for hlo in hlo_modules for c in hlo_collectives(hlo, mesh_axes)]
+    del hlo_modules
     stats = sharded.get_compiled_memory_stats()
     memory = {name: int(getattr(stats, name)) for name in dir(stats)
               if name.endswith("_in_bytes") and isinstance(getattr(stats, name), int)}
-    collectives = [c for hlo in hlo_modules for c in hlo_collectives(hlo, mesh_axes)]
+    output_shardings = sharded.get_output_shardings()
+    _release_memory()  # the compiler's
+    per_device = (memory.get("argument_size_in_bytes", 0) + memory.get("output_size_in_bytes", 0)
+                  + memory.get("temp_size_in_bytes", 0) - memory.get("alias_size_in_bytes", 0))
+    shortfall = _memory_shortfall(per_device, len(devices), _available_bytes())
+    if shortfall:
+        raise ToastError(shortfall)
+    stages.begin("running the sharded module")
+    outputs = _execute(sharded, devices, host_input, len(arguments))
+    del sharded
+    _release_memory()
+    stages.begin("comparing the outputs")
+    numerics = compare_outputs(outputs, expected, output_shardings, devices, names=names)
+    stages.close()
     return {"numerics": numerics, "collectives": [dataclasses.asdict(c) for c in collectives], "memory": memory,
             "live_peak": {"time": live_peak.time,
-                          "values": [[v.name, v.bytes, v.kind] for v in live_peak.values]}}
+                          "values": [[v.name, v.bytes, v.kind] for v in live_peak.values]},
+            "worker_peaks": [[stage, peak] for stage, peak in stages.peaks]}
+
+
+def _parse(text: str, context: Any, *, what: str) -> Any:
+    """An MLIR module parsed from ``text``."""
+    from jaxlib.mlir import ir
+
+    try:
+        return ir.Module.parse(text, context=context)
+    except ir.MLIRError as err:
+        raise ToastError(f"cannot parse {what}: {_first_line(err)}") from None
+
+
+def _memory_shortfall(per_device: int, devices: int, available: int | None) -> str:
+    """Why the sharded run cannot start (``""`` where it can, or where the available memory is unknown): every
+    host device allocates what XLA's memory analysis says (arguments, outputs, temporaries) at once, in this
+    one process, beside what the worker holds already; on a host with less available the kernel's
+    out-of-memory killer would end the worker part way."""
+    from toast.output.report import human_bytes
+
+    needed = per_device * devices
+    if available is None or needed <= available:
+        return ""
+    return (f"the sharded run needs about {human_bytes(needed)} ({devices} host devices x {human_bytes(per_device)} "
+            f"that XLA allocates for each) and this machine has {human_bytes(available)} available; free memory, "
+            f"or validate the program at a smaller size (a smaller batch, fewer layers)")
+
+
+def _available_bytes() -> int | None:
+    """Memory this process may still take: the kernel's ``MemAvailable``, less where the cgroup's limit
+    (``memory.max`` less ``memory.current``, cgroup v2) is lower; None where unknown."""
+    found: list[int] = []
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            found.append(int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text().strip()))
+    except (OSError, ValueError):
+        pass
+    return min(found) if found else None
+
+
+def _release_memory() -> None:
+    """Hand what was freed back to the system: XLA's CPU buffers come from glibc's malloc, which keeps freed
+    memory (about 1.5 GB after a GPT-2-size reference run) resident for the next allocations, so the next stage
+    would start on top of it. A no-op where the C library is not glibc."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+class _Stages:
+    """The check's stages: each announced on stderr as it begins (``STAGE_PREFIX``: the caller says where a
+    stopped or killed worker was), and its peak resident memory: the largest of the resident sizes a thread
+    samples every ``_SAMPLE_S`` seconds (``/proc/self/statm``; nothing where there is none). Sampling, not
+    resetting the kernel's high-water mark, which would lose the process's peak that the caller reads when the
+    worker ends."""
+
+    def __init__(self) -> None:
+        self.peaks: list[tuple[str, int]] = []
+        self._current = ""
+        self._peak = 0
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        if _resident_bytes():
+            threading.Thread(target=self._sample, daemon=True, name="toast-xla-rss").start()
+
+    def begin(self, name: str) -> None:
+        self.end()
+        print(f"{STAGE_PREFIX}{name}", file=sys.stderr, flush=True)
+        with self._lock:
+            self._current, self._peak = name, _resident_bytes()
+
+    def end(self) -> None:
+        with self._lock:
+            if self._current:
+                self.peaks.append((self._current, max(self._peak, _resident_bytes())))
+                self._current = ""
+
+    def close(self) -> None:
+        self.end()
+        self._done.set()
+
+    def _sample(self) -> None:
+        while not self._done.wait(_SAMPLE_S):
+            resident = _resident_bytes()
+            with self._lock:
+                self._peak = max(self._peak, resident)
+
+
+_SAMPLE_S = 0.02
+
+
+def _resident_bytes() -> int:
+    """This process's resident bytes now (Linux ``/proc/self/statm``), 0 where unknown."""
+    try:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _result_names(module: Any) -> list[str]:
+    """``@main``'s results as toast names them (``toast.frontend.stablehlo``): ``result`` plus the
+    ``jax.result_info`` path (``result[1]['w']``), else ``result[i]``."""
+    from jaxlib.mlir import ir
+
+    main = _main_func(module)
+    count = len(ir.FunctionType(ir.TypeAttr(main.attributes["function_type"]).value).results)
+    res_attrs = ir.ArrayAttr(main.attributes["res_attrs"]) if "res_attrs" in main.attributes else None
+    names = []
+    for index in range(count):
+        label = f"result[{index}]"
+        if res_attrs is not None and index < len(res_attrs):
+            entries = ir.DictAttr(res_attrs[index])
+            if "jax.result_info" in entries:
+                info = ir.StringAttr(entries["jax.result_info"]).value
+                label = info if info.startswith("result") else f"result{info}" if info else label
+        names.append(label)
+    return names
 
 
 def _first_line(err: BaseException) -> str:
@@ -442,22 +767,28 @@ def _compile(text: str, devices: Sequence[Any], *, shardy: bool, dump_to: str | 
         raise ToastError(f"XLA cannot compile the module for {len(devices)} devices: {_first_line(err)}") from None
 
 
-def _execute(executable: Any, devices: Sequence[Any], inputs: Sequence[Any]) -> list[list[Any]]:
-    """Run with ``inputs`` placed by the executable's parameter shardings; per output, the
+def _execute(executable: Any, devices: Sequence[Any], make_input: Any, count: int) -> list[list[Any]]:
+    """Run with ``count`` inputs, each made by ``make_input(index)`` (a numpy array) and placed by the
+    executable's parameter shardings (each device gets its slice; no host copy is kept); per output, the
     per-device result arrays."""
     import jax
     from jax.extend.sharding import GSPMDSharding
 
     shardings = executable.get_parameter_shardings() if len(devices) > 1 else None
     arrays = []
-    for index, value in enumerate(inputs):
+    for index in range(count):
+        value = make_input(index)
         if shardings is None:
-            placement: Any = jax.sharding.SingleDeviceSharding(devices[0])
+            arrays.append(jax.device_put(value, jax.sharding.SingleDeviceSharding(devices[0])))
         else:
             placement = GSPMDSharding(tuple(devices), shardings[index])
-        arrays.append(jax.device_put(value, placement))
+            arrays.append(jax.make_array_from_callback(value.shape, placement, value.__getitem__))
+        del value
     results = executable.execute_sharded(arrays)
-    return results.disassemble_into_single_device_arrays()
+    del arrays
+    outputs = results.disassemble_into_single_device_arrays()
+    jax.block_until_ready(outputs)  # the run ends here, within its own stage (execution is asynchronous)
+    return outputs
 
 
 def main() -> None:

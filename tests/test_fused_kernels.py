@@ -1,0 +1,274 @@
+"""Fused kernels are ops of their own (rules/ops/kernels.dl): a Pallas TPU kernel (@tpu_custom_call, its
+kernel_name) and a Pallas GPU / Triton kernel (@__gpu$xla.gpu.triton, the name in its backend_config) get
+identities, a kernel class and FLOPs from the rules, priced per device.
+
+The programs are jax's own attention kernels, lowered here on a CPU-only machine (``lowering_platforms``: the
+TPU kernels for "tpu", the Triton ones for "cuda"; neither needs the accelerator to lower) at small shapes:
+batch 2, heads 2, sequence 128, head dim 64, f32. FLOPs are read back as the seconds at peak of each kernel on
+a profile of 1e12 FLOP/s, and worked out by hand: an attention forward does 4 x B x H x Sq x Sk x D (Q K^T and
+P V); the TPU dK dV kernel 8 x (Q K^T, dO V^T, P^T dO, dS^T Q), its dQ kernel 6 x (Q K^T, dO V^T, dS K), the
+Triton backward 14 x (both loops). A kernel that carries its own cost_estimate (the TPU forward) is priced by it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import ONE_LEVEL, engines, round_numbers_profile
+from jax.experimental import pallas as pl
+from jax.experimental.pallas.ops.gpu import attention as gpu_attention
+from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash
+
+from toast import CostModel, ShardingModel, analyze, load_hardware, parse_mesh
+from toast.errors import InputError, InvalidRules
+from toast.frontend.stablehlo import read_text
+from toast.sharding.state import Action
+
+B, H, S, D = 2, 2, 128, 64
+SQUARE = B * H * S * S * D  # 4194304: one of the attention matmuls
+TPU_QKV = [jax.ShapeDtypeStruct((B, H, S, D), jnp.float32)] * 3  # [batch, heads, seq, head dim]
+GPU_QKV = [jax.ShapeDtypeStruct((B, S, H, D), jnp.float32)] * 3  # [batch, seq, heads, head dim]
+
+
+def _tpu_flash_grad(q, k, v):
+    return jax.grad(lambda q, k, v: tpu_flash.flash_attention(q, k, v).sum(), argnums=(0, 1, 2))(q, k, v)
+
+
+def _gpu_mha_grad(q, k, v):
+    return jax.grad(lambda q, k, v: gpu_attention.mha(q, k, v, segment_ids=None).sum(), argnums=(0, 1, 2))(q, k, v)
+
+
+@pytest.fixture(scope="module")
+def tpu_text() -> str:
+    return jax.jit(_tpu_flash_grad).trace(*TPU_QKV).lower(lowering_platforms=("tpu",)).as_text(debug_info=True)
+
+
+@pytest.fixture(scope="module")
+def gpu_text() -> str:
+    # The Triton kernels lower for "cuda" on a machine without a GPU (no cuDNN call is made: jax's cuDNN
+    # attention is a separate op, and would need cuDNN present).
+    return jax.jit(_gpu_mha_grad).trace(*GPU_QKV).lower(lowering_platforms=("cuda",)).as_text(debug_info=True)
+
+
+@pytest.fixture(scope="module")
+def unit(tmp_path_factory):
+    path = tmp_path_factory.mktemp("hw") / "unit.toml"
+    path.write_text(round_numbers_profile("unit", ONE_LEVEL))
+    return load_hardware(str(path))
+
+
+def _kernels(analysis) -> dict[str, int]:
+    """kernel name -> op id of the program's kernel calls."""
+    return {str(op.attr("kernel")): op.id for op in analysis.program.ops if op.kind == "stablehlo.custom_call"}
+
+
+def _flops(analysis, unit, op_ids: dict[str, int], mesh: str = "d=1", shard: tuple[str, int] | None = None
+           ) -> tuple[dict[str, float], list]:
+    """FLOPs per device of each kernel (its seconds at peak x 1e12) and the collectives, with the color of
+    ``shard`` = (argument, dim) split along d."""
+    model = ShardingModel(analysis, parse_mesh(mesh))
+    state = model.initial()
+    if shard is not None:
+        state = model.apply(state, Action(int(analysis.color_of[analysis.dim_name(*shard)]), "d"))
+    cost = CostModel(model, unit)
+    at_peak, _, _ = cost.kernel_work(state)
+    flops = {name: float(at_peak[int(cost.plan.kernel_of_op[op])]) * 1e12 for name, op in op_ids.items()}
+    return flops, cost.communication.collectives(state)
+
+
+def test_a_kernel_call_is_read_with_its_name_and_its_cost_estimate(tpu_text, gpu_text):
+    program = read_text(tpu_text)
+    calls = [op for op in program.ops if op.kind == "stablehlo.custom_call"]
+    assert [op.attr("kernel") for op in calls] == [
+        "_flash_attention_kernel", "_flash_attention_dkv_kernel", "_flash_attention_dq_kernel"]
+    # The forward's backend_config (a JSON string) carries the estimate; the backward kernels carry none.
+    flops = int(re.search(r"\\22flops\\22:(\d+)", tpu_text).group(1))
+    assert calls[0].attr("kernel_cost_estimate")[0] == flops
+    assert [op.attr("kernel_cost_estimate") for op in calls[1:]] == [None, None]
+    # The Triton kernels name themselves in a dictionary attribute (mhlo.backend_config).
+    assert [op.attr("kernel") for op in read_text(gpu_text).ops if op.kind == "stablehlo.custom_call"] == [
+        "mha_forward", "mha_preprocess_backward", "mha_backward"]
+
+
+@pytest.mark.parametrize("engine", engines())
+def test_tpu_flash_kernels_are_ruled_priced_and_split_by_batch_heads_and_one_sequence(engine, tpu_text, unit):
+    analysis = analyze(read_text(tpu_text), engine=engine)
+    assert analysis.invalid == () and analysis.unpriced_ops == ()
+    assert [u for u in analysis.unruled_ops if "custom_call" in u.kind] == []
+    ops = _kernels(analysis)
+    estimate = int(re.search(r"\\22flops\\22:(\d+)", tpu_text).group(1))
+    # jax's estimate counts the two matmuls (4 x SQUARE) and a little softmax work besides.
+    assert 4 * SQUARE < estimate < 1.01 * 4 * SQUARE
+
+    whole, collectives = _flops(analysis, unit, ops)
+    assert whole == pytest.approx({"_flash_attention_kernel": estimate, "_flash_attention_dkv_kernel": 8 * SQUARE,
+                                   "_flash_attention_dq_kernel": 6 * SQUARE})
+    assert collectives == []
+
+    # Heads split: every kernel does half, no collective.
+    heads, collectives = _flops(analysis, unit, ops, "d=2", ("q", 1))
+    assert heads == pytest.approx({name: flops / 2 for name, flops in whole.items()})
+    assert collectives == []
+
+    # The query sequence split: the forward and dQ kernels halve; dK dV reads every query row (q, dO and the
+    # statistics are all-gathered for it) and does all its work on each device.
+    seq, collectives = _flops(analysis, unit, ops, "d=2", ("q", 2))
+    assert seq == pytest.approx({"_flash_attention_kernel": estimate / 2, "_flash_attention_dkv_kernel": 8 * SQUARE,
+                                 "_flash_attention_dq_kernel": 3 * SQUARE})
+    gathered = {(c.op, c.operand) for c in collectives if c.kind == "all-gather"}
+    dkv = ops["_flash_attention_dkv_kernel"]
+    assert {(dkv, 0), (dkv, 5)} <= gathered  # q and dO
+    assert not {(ops["_flash_attention_kernel"], k) for k in range(3)} & gathered
+
+    # The key sequence split: the forward reads k and v whole (all-gathered), dK dV halves.
+    keys, collectives = _flops(analysis, unit, ops, "d=2", ("k", 2))
+    assert keys == pytest.approx({"_flash_attention_kernel": estimate, "_flash_attention_dkv_kernel": 4 * SQUARE,
+                                  "_flash_attention_dq_kernel": 6 * SQUARE})
+    forward = ops["_flash_attention_kernel"]
+    assert {(forward, 1), (forward, 2)} <= {(c.op, c.operand) for c in collectives if c.kind == "all-gather"}
+
+
+@pytest.mark.parametrize("engine", engines())
+def test_triton_mha_kernels_are_priced_by_the_rules_formula(engine, gpu_text, unit):
+    analysis = analyze(read_text(gpu_text), engine=engine)
+    assert analysis.invalid == () and analysis.unpriced_ops == ()
+    ops = _kernels(analysis)
+    whole, _ = _flops(analysis, unit, ops)
+    # No cost_estimate: 4 x SQUARE forward, 14 x SQUARE backward, no FLOPs for the preprocessing (bytes only).
+    assert whole == pytest.approx({"mha_forward": 4 * SQUARE, "mha_preprocess_backward": 0,
+                                   "mha_backward": 14 * SQUARE})
+    heads, collectives = _flops(analysis, unit, ops, "d=2", ("q", 2))  # [batch, seq, heads, dim]
+    assert heads == pytest.approx({name: flops / 2 for name, flops in whole.items()})
+    assert collectives == []
+    # The query sequence: the forward halves; the backward reduces over it, so reads it whole.
+    seq, collectives = _flops(analysis, unit, ops, "d=2", ("q", 1))
+    assert seq == pytest.approx({"mha_forward": 2 * SQUARE, "mha_preprocess_backward": 0,
+                                 "mha_backward": 14 * SQUARE})
+    assert (ops["mha_backward"], 0) in {(c.op, c.operand) for c in collectives if c.kind == "all-gather"}
+
+
+# A kernel of the user's: a Pallas TPU matmul of its rows, x [256, 128] @ w [128, 128].
+def _rows_kernel(x_ref, w_ref, o_ref):
+    o_ref[...] = jnp.dot(x_ref[...], w_ref[...])
+
+
+def _my_rows(x, w):
+    out = jax.ShapeDtypeStruct((x.shape[0], w.shape[1]), x.dtype)
+    return pl.pallas_call(_rows_kernel, out_shape=out, name="my_rows")(x, w)
+
+
+ROWS_ARGS = [jax.ShapeDtypeStruct((256, 128), jnp.float32), jax.ShapeDtypeStruct((128, 128), jnp.float32)]
+MY_ROWS = """\
+kernel_form("tpu_custom_call", "my_rows", 2, __FILE__, __LINE__).
+kernel_dim("tpu_custom_call", "my_rows", 2, "operand", 0, 0, "rows").
+kernel_dim("tpu_custom_call", "my_rows", 2, "result", 0, 0, "rows").
+kernel_splits("tpu_custom_call", "my_rows", "rows").
+kernel_flops("tpu_custom_call", "my_rows", 2).
+kernel_flop_dim("tpu_custom_call", "my_rows", 2, 0, 0).
+kernel_flop_dim("tpu_custom_call", "my_rows", 2, 0, 1).
+kernel_flop_dim("tpu_custom_call", "my_rows", 2, 1, 1).
+kernel_call_class("tpu_custom_call", "my_rows", "library").
+"""
+
+
+@pytest.fixture(scope="module")
+def rows_text() -> str:
+    return jax.jit(_my_rows).trace(*ROWS_ARGS).lower(lowering_platforms=("tpu",)).as_text(debug_info=True)
+
+
+def _rules(tmp_path: Path, text: str) -> Path:
+    folder = tmp_path / "rules"
+    folder.mkdir(exist_ok=True)
+    (folder / "my_rows.dl").write_text(text)
+    return folder
+
+
+@pytest.mark.parametrize("engine", ["embedded"])
+def test_a_users_kernel_is_added_by_a_rule_file_and_an_unknown_one_stays_unpriced(engine, rows_text, unit, tmp_path):
+    bare = analyze(read_text(rows_text), engine=engine)
+    assert [u.kind for u in bare.unpriced_ops] == ["stablehlo.custom_call @tpu_custom_call"]
+    assert [u.kind for u in bare.unruled_ops] == ["stablehlo.custom_call @tpu_custom_call"]
+    assert _kernels(bare) == {"my_rows": 0} and bare.flop_scales == {}
+
+    analysis = analyze(read_text(rows_text), engine=engine, rules=_rules(tmp_path, MY_ROWS))
+    assert analysis.unpriced_ops == () and analysis.unruled_ops == () and analysis.invalid == ()
+    ops = _kernels(analysis)
+    # 2 x rows x 128 x 128: 8388608 on one device; the rows split on two, the other dims whole.
+    assert _flops(analysis, unit, ops)[0] == pytest.approx({"my_rows": 2 * 256 * 128 * 128})
+    rows, collectives = _flops(analysis, unit, ops, "d=2", ("x", 0))
+    assert rows == pytest.approx({"my_rows": 2 * 128 * 128 * 128}) and collectives == []
+    # Its inner dim is not split: sharded, x's columns are all-gathered for the kernel.
+    inner, collectives = _flops(analysis, unit, ops, "d=2", ("x", 1))
+    assert inner == pytest.approx({"my_rows": 2 * 256 * 128 * 128})
+    assert [(c.kind, c.operand) for c in collectives] == [("all-gather", 0)]
+
+
+@pytest.mark.parametrize(("extra", "check", "detail"), [
+    # A dim operand 1 ([128, 128]) lacks.
+    ('kernel_dim("tpu_custom_call", "my_rows", 2, "operand", 1, 2, "cols").\n', "kernel_dim",
+     "op 0 (my_rows of @tpu_custom_call): its operand 1 has no dim 2"),
+    # An operand the form of 2 operands lacks.
+    ('kernel_dim("tpu_custom_call", "my_rows", 2, "operand", 2, 0, "rows").\n', "kernel_dim_operand",
+     "my_rows of @tpu_custom_call: no operand 2 in a form of 2 operands"),
+    # x's 128 columns as the 256 rows.
+    ('kernel_dim("tpu_custom_call", "my_rows", 2, "operand", 0, 1, "rows").\n', "kernel_role_size",
+     "op 0 (my_rows of @tpu_custom_call): rows dims of 128 and 256 elements"),
+])
+def test_a_kernel_rule_that_contradicts_the_operands_is_invalid_at_its_file_and_line(
+        extra, check, detail, rows_text, tmp_path):
+    rules = _rules(tmp_path, MY_ROWS + extra)
+    analysis = analyze(read_text(rows_text), engine="embedded", rules=rules, check_invariants=False)
+    found = {(row.check, Path(row.file).name, row.line, row.detail) for row in analysis.invalid}
+    assert found == {(check, "my_rows.dl", 1, detail)}  # line 1: its kernel_form row
+    with pytest.raises(InvalidRules, match=re.escape("my_rows.dl:1")):
+        analyze(read_text(rows_text), engine="embedded", rules=rules)
+
+
+def test_kernel_ops_of_no_known_form_stay_unpriced(unit):
+    # Flash attention with segment ids has 5 operands: no form of the bundled rules, so it is reported.
+    segments = tpu_flash.SegmentIds(q=jnp.zeros((B, S), jnp.int32), kv=jnp.zeros((B, S), jnp.int32))
+
+    def forward(q, k, v):
+        return tpu_flash.flash_attention(q, k, v, segment_ids=segments)
+
+    text = jax.jit(forward).trace(*TPU_QKV).lower(lowering_platforms=("tpu",)).as_text(debug_info=True)
+    analysis = analyze(read_text(text), engine="embedded")
+    assert [u.kind for u in analysis.unpriced_ops] == ["stablehlo.custom_call @tpu_custom_call"]
+    assert analysis.flop_scales == {} and analysis.invalid == ()
+    assert np.all(np.isfinite(CostModel(ShardingModel(analysis, parse_mesh("d=1")), unit).kernel_work(
+        ShardingModel(analysis, parse_mesh("d=1")).initial())[1]))
+
+
+def _my_rows_estimated(x, w):
+    out = jax.ShapeDtypeStruct((x.shape[0], w.shape[1]), x.dtype)
+    estimate = pl.CostEstimate(flops=1_000_000, transcendentals=0, bytes_accessed=0)
+    return pl.pallas_call(_rows_kernel, out_shape=out, name="my_rows", cost_estimate=estimate)(x, w)
+
+
+@pytest.fixture(scope="module")
+def estimated_text() -> str:
+    return jax.jit(_my_rows_estimated).trace(*ROWS_ARGS).lower(lowering_platforms=("tpu",)).as_text(debug_info=True)
+
+
+def test_a_kernels_own_cost_estimate_is_divided_by_the_dims_it_splits(estimated_text, unit, tmp_path):
+    analysis = analyze(read_text(estimated_text), engine="embedded", rules=_rules(tmp_path, MY_ROWS))
+    ops = _kernels(analysis)
+    # The estimate, not the formula (2 x 256 x 128 x 128); halved where its rows split.
+    assert _flops(analysis, unit, ops)[0] == pytest.approx({"my_rows": 1e6})
+    assert _flops(analysis, unit, ops, "d=2", ("x", 0))[0] == pytest.approx({"my_rows": 5e5})
+    # A kernel that splits nothing does all of its estimate on every device.
+    unsplit = MY_ROWS.replace('kernel_splits("tpu_custom_call", "my_rows", "rows").\n', "")
+    analysis = analyze(read_text(estimated_text), engine="embedded", rules=_rules(tmp_path, unsplit))
+    assert _flops(analysis, unit, ops, "d=2", ("x", 0))[0] == pytest.approx({"my_rows": 1e6})
+
+
+def test_a_malformed_cost_estimate_is_one_error_line(estimated_text):
+    bad = estimated_text.replace("\\22flops\\22:1000000", "\\22flops\\22:-5")
+    assert bad != estimated_text
+    with pytest.raises(InputError, match=r"custom_call cost_estimate .* is not a set of non-negative integer counts"):
+        read_text(bad)
