@@ -272,3 +272,69 @@ def test_a_malformed_cost_estimate_is_one_error_line(estimated_text):
     assert bad != estimated_text
     with pytest.raises(InputError, match=r"custom_call cost_estimate .* is not a set of non-negative integer counts"):
         read_text(bad)
+
+
+# Splash attention as MaxText calls it: the kernel vmapped over the batch, inside a jax.shard_map over a mesh
+# with the batch and heads split 2 ways each; a causal mask. Global q, k, v [8, 4, 256, 64] bf16: each device's
+# kernels see [4, 2, 256, 64] (a vmapped batch of 4, 2 heads).
+SPLASH_B, SPLASH_H = 8, 4
+SPLASH_QKV = [jax.ShapeDtypeStruct((SPLASH_B, SPLASH_H, 256, D), jnp.bfloat16)] * 3
+
+
+@pytest.fixture(scope="module")
+def splash_text() -> str:
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as splash_mask
+    from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec
+
+    mesh = AbstractMesh((2, 2), ("data", "heads"), axis_types=(AxisType.Auto, AxisType.Auto))
+    blocks = splash.BlockSizes(block_q=128, block_kv=128, block_kv_compute=128, block_q_dkv=128, block_kv_dkv=128,
+                               block_kv_dkv_compute=128, block_q_dq=128, block_kv_dq=128)
+    mask = splash_mask.MultiHeadMask(masks=(splash_mask.CausalMask(shape=(256, 256)),) * SPLASH_H)
+    kernel = splash.make_splash_mha(mask=mask, head_shards=2, q_seq_shards=1, block_sizes=blocks)
+    kernel_spec = kernel.manual_sharding_spec(NamedSharding(mesh, PartitionSpec("heads", None)))
+    qkv = PartitionSpec("data", "heads", None, None)
+
+    def attend(q, k, v, kernel):
+        return jax.vmap(kernel)(q, k, v)
+
+    sharded = jax.shard_map(attend, mesh=mesh, in_specs=(qkv, qkv, qkv, kernel_spec), out_specs=qkv, check_vma=False)
+
+    def grad(q, k, v):
+        return jax.grad(lambda q, k, v: sharded(q, k, v, kernel).astype(jnp.float32).sum(), argnums=(0, 1, 2))(q, k, v)
+
+    with jax.sharding.use_abstract_mesh(mesh):
+        return jax.jit(grad).trace(*SPLASH_QKV).lower(lowering_platforms=("tpu",)).as_text(debug_info=True)
+
+
+def test_splash_kernels_in_shard_map_are_ruled_and_priced_per_device_at_the_querys_type(splash_text, tmp_path):
+    analysis = analyze(read_text(splash_text), engine="embedded")
+    assert analysis.invalid == () and analysis.unpriced_ops == ()
+    assert [u for u in analysis.unruled_ops if "custom_call" in u.kind] == []
+    ops = _kernels(analysis)
+    assert set(ops) == {"splash_mha_fwd_residuals", "splash_mha_dkv_no_residuals", "splash_mha_dq_no_residuals"}
+    program = analysis.program
+    for op in ops.values():  # operand 0 is the int8 mask info; q (operand 2) is bf16, [local batch, heads, seq, dim]
+        operands = [program.values[v] for v in program.ops[op].operands]
+        assert (operands[0].dtype, operands[2].dtype, operands[2].shape) == ("i8", "bf16", (4, 2, 256, D))
+    # A profile whose bf16 peak (2e12) is not the int8 (f32) one (1e12): FLOPs = seconds at peak x 2e12 only when
+    # priced at q's type (operand 0's would read double).
+    path = tmp_path / "bf16.toml"
+    path.write_text(round_numbers_profile("bf16", ONE_LEVEL).replace("bf16 = 1e12", "bf16 = 2e12"))
+    bf16 = load_hardware(str(path))
+    local = 4 * 2 * 256 * 256 * D  # 33554432: one attention matmul on one device (batch 4, heads 2)
+    whole, collectives = _flops(analysis, bf16, ops, "d=2")
+    flops = {name: value / 1e12 * 2e12 for name, value in whole.items()}
+    assert flops == pytest.approx({"splash_mha_fwd_residuals": 4 * local, "splash_mha_dkv_no_residuals": 8 * local,
+                                   "splash_mha_dq_no_residuals": 6 * local})
+    # The causal mask is in the mask-info operands' contents, which toast does not read: the full square is priced.
+    assert 4 * local == 134217728 and collectives == []
+    # The kernels' shapes are already per device: splitting the global batch (outside the region) along d leaves
+    # their FLOPs alone, and their local batch is a color of its own (not the global dim's, split again).
+    split, _ = _flops(analysis, bf16, ops, "d=2", ("q", 0))
+    assert split == pytest.approx(whole)
+    fwd = ops["splash_mha_fwd_residuals"]
+    assert analysis.color_of[analysis.names.use_name(fwd, 2, 0)] != analysis.color_of[analysis.dim_name("q", 0)]
+    # Within the region the kernel splits its vmapped batch and heads (one color with the forward's output's).
+    out = program.ops[fwd].results[3]
+    assert analysis.color_of[analysis.names.use_name(fwd, 2, 1)] == analysis.color_of[analysis.names.def_base[out] + 1]

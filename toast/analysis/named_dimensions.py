@@ -182,6 +182,8 @@ class Analysis:
         own ``cost_estimate`` over the product of those names' global sizes (``flop_estimate``), else its
         ``flop_coefficient`` x the sizes of the dims it reads whole (``flop_whole``). An op here need not
         have any flop name (its FLOPs are then the factor, on every device).
+      flop_operands: ``op id -> operand index`` whose element type sets the op's FLOP rate (rules'
+        ``flop_operand``: a kernel whose operand 0 is an int8 mask names its query); operand 0 for an op absent.
       elementwise_ops: ids of the ops of an elementwise kind (rules' ``elementwise_op``).
       kernel_semantics: what one device runs each op kind as (the rules' ``kernel_class`` and mechanics
         tables), read by the cost model's kernel plan.
@@ -206,6 +208,7 @@ class Analysis:
     halo_dims: tuple[tuple[int, int, int, int, int], ...] = ()
     flop_names: dict[int, tuple[int, ...]] = field(default_factory=dict)
     flop_scales: dict[int, float] = field(default_factory=dict)
+    flop_operands: dict[int, int] = field(default_factory=dict)
     elementwise_ops: frozenset[int] = frozenset()
     kernel_semantics: KernelSemantics = field(default_factory=KernelSemantics)
     unpriced_ops: tuple[UnruledOp, ...] = ()
@@ -462,6 +465,7 @@ def _build(program: Program, names: DimensionNames, outputs: dict[str, list[tupl
                                for op, index, dim, low, high in outputs["halo_dim"])),
         flop_names=flop_names,
         flop_scales=_flop_scales(outputs, program, names, flop_names),
+        flop_operands={int(op): int(index) for op, index in outputs["flop_operand"]},
         elementwise_ops=frozenset(int(op) for (op,) in outputs["elementwise_op"]),
         kernel_semantics=kernel_semantics(outputs),
         unpriced_ops=unpriced,

@@ -211,7 +211,8 @@ class CostModel:
         self.overhead = np.where(is_library, hardware.matmul_overhead, hardware.kernel_overhead)
         self.bandwidth = hardware.hbm_bandwidth * hardware.hbm_efficiency
         # The names whose local sizes multiply into each op's FLOPs: the rules' flop_name (contractions,
-        # and any op a user's rules declare one), priced at the peak of the op's first operand's type.
+        # and any op a user's rules declare one), priced at the peak of the type of the operand the rules name
+        # (flop_operand: a kernel's query, not its int8 mask), else of its first.
         # Each op's FLOPs are its scale (2, a multiply-add; a kernel's own: Analysis.flop_scales) x that product.
         flop_names: list[int] = []
         starts: list[int] = []
@@ -227,7 +228,7 @@ class CostModel:
             if kernel_index < 0 or not op.operands:
                 continue
             members = analysis.flop_names.get(op_id, ())
-            peak = hardware.matmul_flops(program.values[op.operands[0]].dtype)
+            peak = hardware.matmul_flops(program.values[op.operands[analysis.flop_operands.get(op_id, 0)]].dtype)
             scale = analysis.flop_scales.get(op_id, 2.0)
             if not members:
                 self.fixed_at_peak[kernel_index] += scale / peak

@@ -196,6 +196,9 @@ OUTPUTS: tuple[Relation, ...] = (
     _rel("flop_estimate", "Op:OpId, Flops:symbol",
          "Op's FLOPs over its whole shapes are Flops (decimal text: a kernel's own cost_estimate); on one "
          "device each flop_name name divides them by its split (global over local size)."),
+    _rel("flop_operand", "Op:OpId, Index:number",
+         "Op's FLOPs run at the peak of operand Index's element type (without a row: operand 0's; a kernel "
+         "whose operand 0 is a mask, rules/ops/kernels.dl)."),
     _rel("elementwise_op", "Op:OpId",
          "Op is of an elementwise kind (elementwise_kind in rules/ops/elementwise.dl)."),
     # --- what one device runs each op as: the kernel plan of the cost model reads these ---------
