@@ -249,13 +249,17 @@ def _fake_worker(monkeypatch, body: str) -> None:
 
 
 def test_a_worker_killed_by_sigkill_is_reported_as_out_of_memory_with_its_peak(monkeypatch):
-    """The kernel's out-of-memory killer sends SIGKILL: say so, with the peak the kernel accounted (300 MiB
-    touched, plus the interpreter), not 'exit status -9, no message'."""
+    """The kernel's out-of-memory killer sends SIGKILL: say so, with the worker's peak (300 MiB touched, plus the
+    interpreter), not 'exit status -9, no message'. The peak is the worker's own, not its parent's: Linux keeps
+    ru_maxrss across exec, so a worker spawned by a 700 MiB process read as 700 MiB (a test run's 1.2 GiB in CI)."""
     from toast.xla.worker import run_worker
 
-    _fake_worker(monkeypatch, "block = bytearray(300 << 20)\nos.kill(os.getpid(), signal.SIGKILL)")
+    parent = bytearray(700 << 20)  # a large parent, as a test run or a notebook is
+    parent[::4096] = b"\1" * len(parent[::4096])  # touched: resident
+    _fake_worker(monkeypatch, "block = bytearray(300 << 20)\ntime.sleep(0.3)\nos.kill(os.getpid(), signal.SIGKILL)")
     with pytest.raises(ToastError) as caught:
         run_worker({}, devices=1, timeout_s=60)
+    del parent
     message = str(caught.value)
     found = re.fullmatch(r"XLA check worker was killed \(out of memory\?\) while running the sharded module; "
                          r"it peaked at (\d+) MiB resident", message)

@@ -83,6 +83,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -263,6 +264,9 @@ def _run_process(command: Sequence[str], request: str, *, env: dict[str, str], t
     timer = threading.Timer(timeout_s, stop)
     timer.daemon = True
     timer.start()
+    watched = [0]  # the worker's own high-water mark, as last read
+    watcher = threading.Thread(target=_watch_high_water, args=(process.pid, ended, watched), daemon=True)
+    watcher.start()
     try:
         if hasattr(os, "waitid"):
             os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOWAIT)  # ended, not yet reaped
@@ -278,13 +282,18 @@ def _run_process(command: Sequence[str], request: str, *, env: dict[str, str], t
             if not ended[0]:
                 process.kill()
         process.wait()
+        ended[0] = True  # the watcher stops too
         raise
     finally:
         timer.cancel()
     process.returncode = os.waitstatus_to_exitcode(status)
     for thread in threads:
         thread.join()
-    peak = int(usage.ru_maxrss) * (1 if sys.platform == "darwin" else 1024)  # kilobytes on Linux
+    watcher.join()
+    # Linux carries a process's ru_maxrss across exec, so a worker spawned by a large parent (a test run, a
+    # notebook) reports at least the parent's size: its own address space's high-water mark, read while it ran,
+    # is the worker's; ru_maxrss only where /proc cannot be read.
+    peak = watched[0] or int(usage.ru_maxrss) * (1 if sys.platform == "darwin" else 1024)  # kilobytes on Linux
     return _Finished(process.returncode, chunks.get("stdout", b"").decode(errors="replace"),
                      chunks.get("stderr", b"").decode(errors="replace"), peak, timed_out[0])
 
@@ -591,6 +600,23 @@ class _Stages:
 
 
 _SAMPLE_S = 0.02
+
+
+def _watch_high_water(pid: int, ended: list[bool], watched: list[int]) -> None:
+    """Keep ``watched[0]`` at the largest ``VmHWM`` (the peak resident size of the process's own address space,
+    Linux ``/proc/PID/status``) of worker ``pid`` until ``ended[0]``; it stays 0 where that cannot be read. The
+    last read before a kill misses at most ``_SAMPLE_S`` of growth."""
+    status = Path(f"/proc/{pid}/status")
+    while not ended[0]:
+        try:
+            for line in status.read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    watched[0] = max(watched[0], int(line.split()[1]) * 1024)  # kB
+                    break
+        except (OSError, ValueError, IndexError):  # not Linux, or the worker has just ended (a zombie has no Vm*)
+            if not Path("/proc/self/status").exists():
+                return
+        time.sleep(_SAMPLE_S)
 
 
 def _resident_bytes() -> int:
