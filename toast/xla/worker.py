@@ -58,9 +58,9 @@ the mesh's devices times what XLA allocates per device (the sharded run, all dev
 unsharded outputs and JAX itself; it refuses the sharded run up front where the host has less available. It
 names each stage on stderr as it begins (``STAGE_PREFIX``) and reports each stage's peak resident memory
 (``XlaReport.worker_peaks``). The caller reads the worker's peak from the kernel while it runs (its address
-space's ``VmHWM``), so a worker the out-of-memory killer ended is reported as such, with its peak and stage; one
-past its time limit is reported with its stage (``WorkerTimeout``), and with the reason when XLA warned that a collective
-waited for the devices' threads (eight of them on two busy cores can take minutes). XLA's own limit on such
+space's ``VmHWM``), so a worker the out-of-memory killer ended is reported as such, with its peak and stage;
+one past its time limit is reported with its stage (``WorkerTimeout``), and with the reason when XLA warned
+that a collective waited for the devices' threads (eight of them on two busy cores can take minutes). XLA's own limit on such
 a wait (abort after 40 s) is raised to the worker's.
 
 This module is the protocol (the caller's side, the worker's ``main``) and the compile and run; the
