@@ -60,8 +60,8 @@ names each stage on stderr as it begins (``STAGE_PREFIX``) and reports each stag
 (``XlaReport.worker_peaks``). The caller reads the worker's peak from the kernel while it runs (its address
 space's ``VmHWM``), so a worker the out-of-memory killer ended is reported as such, with its peak and stage;
 one past its time limit is reported with its stage (``WorkerTimeout``), and with the reason when XLA warned
-that a collective waited for the devices' threads (eight of them on two busy cores can take minutes). XLA's own limit on such
-a wait (abort after 40 s) is raised to the worker's.
+that a collective waited for the devices' threads (eight of them on two busy cores can take minutes). XLA's
+own limit on such a wait (abort after 40 s) is raised to the worker's.
 
 This module is the protocol (the caller's side, the worker's ``main``) and the compile and run; the
 worker's other jobs are modules of their own: ``numerics`` (random inputs, shards against the reference),
