@@ -18,36 +18,13 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import round_numbers_profile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_calibrate import BASE  # the base profile the calibrate tests fit from
 
 from toast.cli import main
 from toast.cost.hardware import load_hardware
 
-BASE = round_numbers_profile("base", """\
-[[interconnect]]
-level = "nvlink"
-devices = 8
-bandwidth = 100e9
-latency = 3e-6
-efficiency = 0.85
-small_latency = 3e-6
-small_efficiency = 0.85
-switch_reduction = false
-sources = ["round numbers"]
-[[interconnect]]
-level = "network"
-devices = 1024
-nics = 4
-nic_bandwidth = 10e9
-latency = 10e-6
-efficiency = 0.9
-small_latency = 10e-6
-small_efficiency = 0.9
-switch_reduction = false
-sources = ["round numbers"]
-""")
 BINARIES = ("all_reduce_perf", "all_gather_perf", "reduce_scatter_perf", "alltoall_perf")
 H100_DOCUMENT = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "h100_microbench.json"
 MAX_EXTRA_BYTES = 256 << 20  # memory one case may map (the largest file read is 16 MiB)
