@@ -8,10 +8,15 @@ batch 2, heads 2, sequence 128, head dim 64, f32. FLOPs are read back as the sec
 a profile of 1e12 FLOP/s, and worked out by hand: an attention forward does 4 x B x H x Sq x Sk x D (Q K^T and
 P V); the TPU dK dV kernel 8 x (Q K^T, dO V^T, P^T dO, dS^T Q), its dQ kernel 6 x (Q K^T, dO V^T, dS K), the
 Triton backward 14 x (both loops). A kernel that carries its own cost_estimate (the TPU forward) is priced by it.
+
+cuDNN's fused attention (@__cudnn$fmha*) lowers only where cuDNN is present: its programs are fixtures lowered on an
+H100 (tests/fixtures/kernels, benchmarks/gpu_attention.py, jax 0.11.2; the calls are the same under this machine's
+jax), priced at half the square where the call's mask_type is causal.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -26,8 +31,9 @@ from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash
 
 from toast import CostModel, ShardingModel, analyze, load_hardware, parse_mesh
 from toast.errors import InputError, InvalidRules
+from toast.facts.writer import program_facts
 from toast.frontend.stablehlo import read_text
-from toast.sharding.state import Action
+from toast.sharding.state import Action, InvalidState
 
 B, H, S, D = 2, 2, 128, 64
 SQUARE = B * H * S * S * D  # 4194304: one of the attention matmuls
@@ -67,18 +73,26 @@ def _kernels(analysis) -> dict[str, int]:
     return {str(op.attr("kernel")): op.id for op in analysis.program.ops if op.kind == "stablehlo.custom_call"}
 
 
-def _flops(analysis, unit, op_ids: dict[str, int], mesh: str = "d=1", shard: tuple[str, int] | None = None
-           ) -> tuple[dict[str, float], list]:
-    """FLOPs per device of each kernel (its seconds at peak x 1e12) and the collectives, with the color of
-    ``shard`` = (argument, dim) split along d."""
+def _work(analysis, unit, op_ids: dict[str, int], mesh: str = "d=1", shard: tuple[str, int] | None = None
+          ) -> tuple[dict[str, float], dict[str, float], list]:
+    """FLOPs and bytes per device of each kernel (its seconds at peak x 1e12, the bytes it moves) and the
+    collectives, with the color of ``shard`` = (argument, dim) split along d."""
     model = ShardingModel(analysis, parse_mesh(mesh))
     state = model.initial()
     if shard is not None:
         state = model.apply(state, Action(int(analysis.color_of[analysis.dim_name(*shard)]), "d"))
     cost = CostModel(model, unit)
-    at_peak, _, _ = cost.kernel_work(state)
-    flops = {name: float(at_peak[int(cost.plan.kernel_of_op[op])]) * 1e12 for name, op in op_ids.items()}
-    return flops, cost.communication.collectives(state)
+    at_peak, moved, _ = cost.kernel_work(state)
+    kernels = {name: int(cost.plan.kernel_of_op[op]) for name, op in op_ids.items()}
+    return ({name: float(at_peak[k]) * 1e12 for name, k in kernels.items()},
+            {name: float(moved[k]) for name, k in kernels.items()}, cost.communication.collectives(state))
+
+
+def _flops(analysis, unit, op_ids: dict[str, int], mesh: str = "d=1", shard: tuple[str, int] | None = None
+           ) -> tuple[dict[str, float], list]:
+    """FLOPs per device of each kernel and the collectives (``_work``)."""
+    flops, _, collectives = _work(analysis, unit, op_ids, mesh, shard)
+    return flops, collectives
 
 
 def test_a_kernel_call_is_read_with_its_name_and_its_cost_estimate(tpu_text, gpu_text):
@@ -338,3 +352,151 @@ def test_splash_kernels_in_shard_map_are_ruled_and_priced_per_device_at_the_quer
     # Within the region the kernel splits its vmapped batch and heads (one color with the forward's output's).
     out = program.ops[fwd].results[3]
     assert analysis.color_of[analysis.names.use_name(fwd, 2, 1)] == analysis.color_of[analysis.names.def_base[out] + 1]
+
+
+# cuDNN's fused attention: jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn") lowered on an
+# H100 (benchmarks/gpu_attention.py), bf16, q [2, 256, 8, 64] ([batch, seq, heads, head dim]: BTNH), k and v
+# [2, 256, 2, 64] (2 key/value heads: grouped-query attention, 4 query heads per key/value head), forward
+# (cudnn_fmha_fwd.mlir) and value_and_grad (cudnn_fmha_grad.mlir: the forward with its statistics, then the backward);
+# cudnn_fmha_variants.json: the other forms at those shapes. The arguments are %arg0 (q), %arg1 (k), %arg2 (v).
+KERNELS = Path(__file__).parent / "fixtures" / "kernels"
+FWD, BWD = "__cudnn$fmhaSoftmax", "__cudnn$fmhaSoftmaxBackward"
+CUDNN_SQUARE = 2 * 8 * 256 * 256 * 64  # 67108864: one S x S attention matmul of the 8 query heads (B H S S D)
+# Bytes: q, o, dO, dQ [2, 256, 8, 64] bf16; k, v, dK, dV [2, 256, 2, 64]; the statistics [2, 8, 256] f32; the
+# workspace u8[0] none.
+Q_BYTES, KV_BYTES, STATS_BYTES = 2 * 256 * 8 * 64 * 2, 2 * 256 * 2 * 64 * 2, 2 * 8 * 256 * 4  # 524288, 131072, 16384
+
+
+def _cudnn_text(name: str) -> str:
+    if name in ("fwd", "grad"):
+        return (KERNELS / f"cudnn_fmha_{name}.mlir").read_text()
+    return json.loads((KERNELS / "cudnn_fmha_variants.json").read_text())["cases"][name]
+
+
+def _cudnn_calls(analysis) -> dict[str, int]:
+    """call target -> op id of the program's cuDNN calls."""
+    return {str(op.attr("call_target_name")): op.id for op in analysis.program.ops
+            if str(op.attr("call_target_name", "")).startswith("__cudnn$fmha")}
+
+
+def _kernel_collectives(collectives: list, ops: dict[str, int]) -> list:
+    """The collectives of the kernels' operands (not of the loss's sum, all-reduced where its dims split)."""
+    return [c for c in collectives if c.op in ops.values()]
+
+
+def test_a_cudnn_call_is_read_with_its_backend_config():
+    program = read_text(_cudnn_text("grad"))
+    calls = [op for op in program.ops if op.kind == "stablehlo.custom_call"]
+    assert [op.attr("call_target_name") for op in calls] == [FWD, BWD]
+    forward, backward = (dict(op.attr("kernel_config")) for op in calls)
+    # Read from the JSON: the mask, and the query's batch dims of a dot each computes (jax writes ["0", "2"]).
+    assert forward["mask_type"] == backward["mask_type"] == "CAUSAL"
+    assert forward["bmm1_dot_dimension_numbers.lhs_batch_dimensions"] == "0,2"
+    assert backward["bmm2_grad_gemm2_dot_dimension_numbers.lhs_batch_dimensions"] == "0,2"
+    assert (forward["fmha_scale"], forward["is_flash_attention"], forward["sliding_window_length"]) == (
+        "0.125", "true", "0")
+    facts, _ = program_facts(program)
+    assert (calls[0].id, "mask_type", "CAUSAL") in facts["kernel_config"]
+    # The BNTH layout's query is [batch, heads, seq, dim]: batch dims 0 and 1.
+    bnth = [op for op in read_text(_cudnn_text("grad_bnth")).ops if op.kind == "stablehlo.custom_call"]
+    assert dict(bnth[0].attr("kernel_config"))["bmm1_dot_dimension_numbers.lhs_batch_dimensions"] == "0,1"
+
+
+@pytest.mark.parametrize("engine", engines())
+def test_cudnn_causal_attention_is_half_the_square_and_splits_batch_and_heads(engine, unit):
+    analysis = analyze(read_text(_cudnn_text("grad")), engine=engine)
+    assert analysis.invalid == () and analysis.unpriced_ops == () and analysis.unruled_ops == ()
+    ops = _cudnn_calls(analysis)
+    # Causal: each matmul over half the S x S square. Forward: Q K^T and P V; backward: Q K^T (recomputed), dO V^T,
+    # P^T dO, dS K and dS^T Q; 2 x CUDNN_SQUARE each over the whole square.
+    flops, moved, collectives = _work(analysis, unit, ops)
+    assert flops == pytest.approx({FWD: 2 * CUDNN_SQUARE, BWD: 5 * CUDNN_SQUARE})
+    assert 2 * CUDNN_SQUARE == 134217728  # 2 B H S^2 D
+    # Forward: q, k, v -> o, the statistics. Backward: q, k, v, the statistics, dO, o -> dQ, dK, dV.
+    assert moved == {FWD: 2 * Q_BYTES + 2 * KV_BYTES + STATS_BYTES, BWD: 4 * Q_BYTES + 4 * KV_BYTES + STATS_BYTES}
+    assert moved == {FWD: 1327104, BWD: 2637824} and collectives == []
+
+    half = {name: value / 2 for name, value in flops.items()}
+    # The batch: half of everything, no collective at the kernels.
+    batch, batch_moved, collectives = _work(analysis, unit, ops, "d=2", ("%arg0", 0))
+    assert batch == pytest.approx(half) and batch_moved == {name: value / 2 for name, value in moved.items()}
+    assert _kernel_collectives(collectives, ops) == []
+    # The query's heads: the key/value heads split with them (query head h reads key/value head h // 4): each device
+    # holds 4 query heads and their 1 key/value head, half of everything, no collective.
+    assert analysis.color_of[analysis.dim_name("%arg0", 2)] == analysis.color_of[analysis.dim_name("%arg1", 2)]
+    heads, heads_moved, collectives = _work(analysis, unit, ops, "d=2", ("%arg0", 2))
+    assert heads == pytest.approx(half) and heads_moved == {name: value / 2 for name, value in moved.items()}
+    assert _kernel_collectives(collectives, ops) == []
+    # The query sequence: a causal mask is of absolute rows (a split call would mask by its local ones), so the
+    # forward reads q whole (all-gathered) and does all its work on each device; the backward reduces over it.
+    seq, _, collectives = _work(analysis, unit, ops, "d=2", ("%arg0", 1))
+    assert seq == pytest.approx(flops)
+    assert (ops[FWD], 0) in {(c.op, c.operand) for c in collectives if c.kind == "all-gather"}
+    # The key sequence: both reduce over it; k is all-gathered.
+    keys, _, collectives = _work(analysis, unit, ops, "d=2", ("%arg1", 1))
+    assert keys == pytest.approx(flops)
+    assert (ops[FWD], 1) in {(c.op, c.operand) for c in collectives if c.kind == "all-gather"}
+
+
+def test_cudnn_attention_without_a_mask_is_the_whole_square_and_its_forward_splits_the_query_sequence(unit):
+    analysis = analyze(read_text(_cudnn_text("grad_nomask")), engine="embedded")
+    assert analysis.invalid == () and analysis.unpriced_ops == () and analysis.unruled_ops == ()
+    ops = _cudnn_calls(analysis)
+    flops, _, _ = _work(analysis, unit, ops)
+    assert flops == pytest.approx({FWD: 4 * CUDNN_SQUARE, BWD: 10 * CUDNN_SQUARE})
+    # Each query row on its own: the forward halves with no collective; the backward reads q whole.
+    seq, _, collectives = _work(analysis, unit, ops, "d=2", ("%arg0", 1))
+    assert seq == pytest.approx({FWD: 2 * CUDNN_SQUARE, BWD: 10 * CUDNN_SQUARE})
+    gathered = {(c.op, c.operand) for c in collectives if c.kind == "all-gather"}
+    assert (ops[BWD], 0) in gathered and not {(ops[FWD], k) for k in range(3)} & gathered
+
+
+@pytest.mark.parametrize(("case", "heads_dim", "targets"), [
+    ("fwd", 2, (FWD,)),  # inference: o and the workspace, no statistics
+    ("grad_bias", 2, ("__cudnn$fmhaScaleBiasSoftmax", "__cudnn$fmhaScaleBiasSoftmaxBackward")),  # dBias result
+    ("grad_padding", 2, (FWD, BWD)),  # PADDING_CAUSAL, sequence lengths [2] i32 after the tensors
+    ("grad_window", 2, (FWD, BWD)),  # a sliding window of 64: priced as the half square (not modelled)
+    ("grad_dropout", 2, ("__cudnn$fmhaSoftmaxDropout", "__cudnn$fmhaSoftmaxDropoutBackward")),
+    ("grad_bnth", 1, (FWD, BWD)),  # q [2, 8, 256, 64]
+    # FP8 (f8E4M3FN): q, k, v [2, 256, 4, 128] (head dim 128 for FP8 training): 2 x 4 x 256 x 256 x 128 is
+    # CUDNN_SQUARE too. Six scale factors forward, twelve backward; amax results.
+    ("fwd_fp8", 2, ("__cudnn$fmhaSoftmaxF8",)),
+    ("grad_fp8", 2, ("__cudnn$fmhaSoftmaxF8", "__cudnn$fmhaSoftmaxBackwardF8")),
+])
+def test_each_cudnn_form_is_ruled_priced_causal_and_split_by_heads(case, heads_dim, targets, unit):
+    analysis = analyze(read_text(_cudnn_text(case)), engine="embedded")
+    assert analysis.invalid == () and analysis.unpriced_ops == () and analysis.unruled_ops == ()
+    ops = _cudnn_calls(analysis)
+    assert tuple(ops) == targets
+    flops, _, _ = _work(analysis, unit, ops)
+    causal = dict(zip(targets, (2 * CUDNN_SQUARE, 5 * CUDNN_SQUARE), strict=False))
+    assert flops == pytest.approx(causal)
+    heads, _, collectives = _work(analysis, unit, ops, "d=2", ("%arg0", heads_dim))
+    assert heads == pytest.approx({name: value / 2 for name, value in causal.items()})
+    assert _kernel_collectives(collectives, ops) == []
+
+
+def test_grouped_query_heads_split_only_by_a_divisor_of_the_key_value_heads():
+    analysis = analyze(read_text(_cudnn_text("fwd")), engine="embedded")
+    model = ShardingModel(analysis, parse_mesh("d=4"))
+    # 8 query heads over 4 devices would leave half a key/value head (of 2) to each: k's heads split with them.
+    with pytest.raises(InvalidState, match=re.escape("%arg1[2] has 2 elements, not divisible by the 4 devices")):
+        model.apply(model.initial(), Action(int(analysis.color_of[analysis.dim_name("%arg0", 2)]), "d"))
+
+
+@pytest.mark.parametrize(("kv_heads", "rules", "check", "detail"), [
+    # 3 key/value heads for 8 query heads.
+    (3, "", "kernel_group",
+     "op 2 (BTNH of @__cudnn$fmhaSoftmax): heads dims of 8 elements grouped over kv_heads dims of 3"),
+    # A user's second, odd coefficient: a causal call cannot halve it.
+    (2, 'attention_flops("__cudnn$fmhaSoftmax", "BTNH", 5).\n', "causal_flops_odd",
+     "op 2 (BTNH of @__cudnn$fmhaSoftmax): causal, coefficient 5"),
+])
+def test_a_cudnn_call_the_rules_cannot_price_is_invalid_at_its_kernel_form(kv_heads, rules, check, detail, tmp_path):
+    text = _cudnn_text("fwd").replace("2x256x2x64xbf16", f"2x256x{kv_heads}x64xbf16")
+    analysis = analyze(read_text(text), engine="embedded", rules=_rules(tmp_path, rules) if rules else None,
+                       check_invariants=False)
+    kernels = (Path(__file__).parent.parent / "rules" / "ops" / "kernels.dl").read_text().splitlines()
+    line = 1 + next(n for n, text in enumerate(kernels) if text.startswith("kernel_form(") and "cudnn_form" in text)
+    assert {(row.check, Path(row.file).name, row.line, row.detail) for row in analysis.invalid} == {
+        (check, "kernels.dl", line, detail)}

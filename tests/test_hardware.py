@@ -8,6 +8,7 @@ import tomllib
 import pytest
 
 from toast import ToastError, known_hardware, load_hardware
+from toast.cost.hardware import DEFAULT_HOST_BANDWIDTH
 from toast.cost.network import axis_spans
 from toast.resources import resource_dir
 
@@ -87,12 +88,13 @@ def test_bundled_profile_loads_with_positive_numbers(name):
 @pytest.mark.parametrize("name", BUNDLED)
 def test_bundled_profile_cites_sources_in_every_section(name):
     data = tomllib.loads((resource_dir("hardware") / f"{name}.toml").read_text())
-    sections = [data["compute"], data["memory"], data["compiler"], *data["interconnect"]]
+    sections = [data["compute"], data["memory"], data["compiler"], data["host"], *data["interconnect"]]
     for section in sections:
         assert section["sources"]
         for source in section["sources"]:
-            # A web source, or the repository's fit of the collective parameters (BENCHMARKS.md).
-            assert re.fullmatch(r"[SVX]\d+: https?://\S+|F1: benchmarks/fit_collectives\.py .*", source), source
+            # A web source, the repository's fit of the collective parameters (BENCHMARKS.md), or a measurement.
+            assert re.fullmatch(r"[SVX]\d+: https?://\S+|F1: benchmarks/fit_collectives\.py .*"
+                                r"|M\d+: benchmarks/data/\S+\.json .*", source), source
 
 
 def test_datasheet_ordering():
@@ -175,6 +177,14 @@ def test_malformed_toml_gives_path_and_line(tmp_path):
         ("bandwidth = 100e9", "bandwidth = 100e9\nnics = 4", "interconnect[0].nics"),
         ("combine_threshold = 1e6", "combine_threshold = -1", "compiler.combine_threshold"),
         ("[compiler]\ncombine_threshold = 1e6\n", "[compiler]\n", "compiler.combine_threshold"),
+        # The optional [host] table, when given, is checked like the others.
+        ("[compiler]\n", '[host]\nbandwidth = 0\nsources = ["a datasheet"]\n[compiler]\n', "host.bandwidth"),
+        ("[compiler]\n", '[host]\nsources = ["a datasheet"]\n[compiler]\n', "host.bandwidth"),
+        ("[compiler]\n", '[host]\nbandwith = 1e9\nsources = ["a datasheet"]\n[compiler]\n', "host.bandwith"),
+        ("[compiler]\n", "[host]\nbandwidth = 1e9\n[compiler]\n", "host.sources"),
+        ("[compiler]\n", '[host]\nbandwidth = 1e9\nefficiency = 1.5\nsources = ["a datasheet"]\n[compiler]\n',
+         "host.efficiency"),
+        ('description = "a test GPU"\n', 'description = "a test GPU"\nhost = 1e9\n', "host"),
     ],
 )
 def test_bad_field_is_named(tmp_path, old, new, field):
@@ -203,6 +213,28 @@ def test_user_profile_loads_by_path(tmp_path):
     assert hardware.sources == ("a datasheet", "a measurement", "a compiler's default")
     assert hardware.combine_threshold == 1e6
     assert (hardware.matmul_efficiency, hardware.f32_matmul, hardware.scatter_rate(16)) == (0.6, "f32", 5e10)
+    # No [host] table (a profile written before host offloading was priced): PCIe 4.0 x16, 32 GB/s one way.
+    assert (hardware.host_bandwidth, hardware.host_efficiency) == (DEFAULT_HOST_BANDWIDTH, 1.0) == (32e9, 1.0)
+    path.write_text(USER_PROFILE.replace("[compiler]\n", '[host]\nbandwidth = 25e9\nsources = ["a PCIe table"]\n'
+                                                          "[compiler]\n"))
+    hosted = load_hardware(str(path))
+    assert (hosted.host_bandwidth, hosted.host_efficiency, hosted.sources[-1]) == (25e9, 1.0, "a PCIe table")
+    path.write_text(USER_PROFILE.replace("[compiler]\n", '[host]\nbandwidth = 25e9\nefficiency = 0.5\n'
+                                                          'sources = ["a PCIe table"]\n[compiler]\n'))
+    assert load_hardware(str(path)).host_efficiency == 0.5
+
+
+def test_bundled_host_links():
+    """PCIe one way per device: Gen5 x16 on H100/H200 (128 GB/s both ways on NVIDIA's pages), Gen4 x16 on A100
+    (64 GB/s both ways); the scaling book's 1.5e10 B/s per TPU chip, and 32 GB/s on Trillium."""
+    bandwidth = {name: load_hardware(name).host_bandwidth for name in BUNDLED}
+    assert bandwidth["h100"] == bandwidth["h200"] == 64e9
+    assert bandwidth["a100_40gb"] == bandwidth["a100_80gb"] == 32e9
+    assert bandwidth["tpu_v4"] == bandwidth["tpu_v5e"] == bandwidth["tpu_v5p"] == 1.5e10
+    assert bandwidth["tpu_v6e"] == 3.2e10
+    # Measured on one H100 (benchmarks/data/h100_host_offload.json): 52.5 and 51.5 GB/s of 64, about 0.81.
+    assert load_hardware("h100").host_efficiency == 0.81
+    assert all(b < load_hardware(name).interconnect[0].bandwidth for name, b in bandwidth.items())
 
 
 def _levels(mesh_axes, hardware):

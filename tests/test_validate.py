@@ -319,7 +319,8 @@ def test_shard_emit_and_validate_commands(tmp_path, capsys):
     assert [entry["stage"] for entry in document["worker_peak_bytes"]][-2:] == ["running the sharded module",
                                                                                 "comparing the outputs"]
     assert document["collectives"] == [{"kind": "all-reduce", "axes": ["model"], "predicted": 1, "xla": 1,
-                                        "predicted_bytes": 4096, "xla_bytes": 4096, "matched": 1}]
+                                        "predicted_bytes": 4096, "xla_bytes": 4096, "matched": 1,
+                                        "in_loop": False}]
 
 
 @pytest.fixture(scope="module")

@@ -170,6 +170,8 @@ class Analysis:
       summed_dims: ``(op, operand index, dim)`` of every operand dim an op sums over (contracting
         dims of dot_general and convolution, reduced dims of reduce; rules' ``summed_dim``): split
         along an axis, the op's result is a partial sum over it.
+      manual_dims: ``(op, operand index, dim)`` of every operand dim a manual region (shard_map) splits on the way in
+        (rules' ``manual_dim``): each device's shard is its part, so a split arriving there moves nothing.
       halo_dims: ``(op, operand index, dim, low, high)`` of every operand dim an op reads with a window wider
         than one row yet maps to its result's (rules' ``halo_dim``: a causal or SAME convolution): split along
         axes, each device needs ``low`` rows (elements along the dim) of its lower neighbour and ``high`` of its
@@ -206,6 +208,7 @@ class Analysis:
     pins: tuple[Pin, ...] = ()
     summed_dims: frozenset[tuple[int, int, int]] = frozenset()
     halo_dims: tuple[tuple[int, int, int, int, int], ...] = ()
+    manual_dims: frozenset[tuple[int, int, int]] = frozenset()
     flop_names: dict[int, tuple[int, ...]] = field(default_factory=dict)
     flop_scales: dict[int, float] = field(default_factory=dict)
     flop_operands: dict[int, int] = field(default_factory=dict)
@@ -461,6 +464,7 @@ def _build(program: Program, names: DimensionNames, outputs: dict[str, list[tupl
         stats=stats,
         pins=program_pins(program),
         summed_dims=frozenset((int(op), int(index), int(dim)) for op, index, dim in outputs["summed_dim"]),
+        manual_dims=frozenset((int(op), int(index), int(dim)) for op, index, dim in outputs["manual_dim"]),
         halo_dims=tuple(sorted((int(op), int(index), int(dim), int(low), int(high))
                                for op, index, dim, low, high in outputs["halo_dim"])),
         flop_names=flop_names,

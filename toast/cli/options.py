@@ -61,6 +61,7 @@ SEED = count(0, "a seed from 0 to 2**63 - 1")
 ROLLOUTS = count(1, "1 or more rollouts")
 RESTARTS = count(0, "0 or more restarts")
 MICROBATCHES = count(1, "1 or more micro-batches per step")
+SLICES = count(1, "1 or more slices")
 
 
 def add_analysis_options(parser: argparse.ArgumentParser) -> None:
@@ -115,6 +116,7 @@ def add_search_options(parser: argparse.ArgumentParser) -> None:
                         "table (default: <module>.roles.toml beside the module)")
     parser.add_argument("--memory", type=memory_gib, metavar="GiB", help="memory per device in GiB "
                                   "(default: the profile's HBM)")
+    add_slices_option(parser)
     budget = parser.add_mutually_exclusive_group()
     budget.add_argument("--budget", type=positive_seconds, metavar="SECONDS", help="stop searching after SECONDS")
     budget.add_argument("--rollouts", type=ROLLOUTS, metavar="N", help="run N rollouts, fewer only when every state "
@@ -134,6 +136,14 @@ def add_search_options(parser: argparse.ArgumentParser) -> None:
                                   help="search in phases, in order: the mesh axes a phase may use ('+'-separated) "
                                   "and its goal, runtime or memory, e.g. --phase model:memory --phase batch:runtime "
                                   "(PartIR's composite strategies); default: one phase, all axes, runtime")
+
+
+def add_slices_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--slices", type=SLICES, metavar="N", help="the devices lie on N slices joined by the "
+                        "profile's outermost level (TPU slices over DCN): numbered row-major, the mesh's leading "
+                        "axes cross slices, as mesh_utils.create_hybrid_device_mesh lays them out (MaxText's "
+                        "dcn_data_parallelism 2 x ici_fsdp_parallelism 64: --mesh data=2,fsdp=64 --slices 2); "
+                        "default 1, or what a strategy file records")
 
 
 def add_microbatches_option(parser: argparse.ArgumentParser) -> None:

@@ -10,7 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from toast.cli.command import Command
-from toast.cli.options import DEVICES, SEED, add_analysis_options, add_microbatches_option, add_search_options
+from toast.cli.options import (
+    DEVICES,
+    SEED,
+    add_analysis_options,
+    add_microbatches_option,
+    add_search_options,
+    add_slices_option,
+)
 from toast.errors import ToastError
 
 __all__ = ["STRATEGY_COMMANDS"]
@@ -30,6 +37,7 @@ def _shard_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mesh", required=True, help="logical mesh, e.g. batch=4,model=2")
     parser.add_argument("--hardware", default="a100_80gb", help="accelerator profile (hardware/NAME.toml) "
                         "or a TOML path")
+    add_slices_option(parser)
     parser.add_argument("--strategy", default="data_parallel",
                         help="data_parallel, megatron, fsdp or sequence, or fsdp, megatron and sequence "
                         "combined with '+' (fsdp+megatron)")
@@ -46,12 +54,14 @@ def _shard_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _check_shard(options: argparse.Namespace) -> ShardPlan:
     from toast.cost.hardware import load_hardware
+    from toast.cost.network import check_slices
     from toast.sharding.mesh import parse_mesh
     from toast.sharding.roles import roles_for_input
     from toast.sharding.strategies import check_strategy
 
-    mesh = parse_mesh(options.mesh)
+    mesh = parse_mesh(options.mesh, slices=options.slices or 1)
     hardware = load_hardware(options.hardware)
+    check_slices(mesh, hardware)
     roles = roles_for_input(options.input, roles_path=options.roles, batch=options.batch)
     # Without any roles, they are proposed from the analysis (and checked then).
     check_strategy(options.strategy, roles=roles if roles.dims else None, mesh=mesh)
@@ -86,7 +96,7 @@ def _run_shard(options: argparse.Namespace, analysis, plan: ShardPlan) -> int:
     for collective in cost.collectives:
         key = f"{collective.kind} over {'+'.join(collective.axes)}"
         kinds[key] = kinds.get(key, 0) + 1
-    print(f"{analysis.program.name}: strategy {options.strategy} on mesh {mesh.spec()} ({hardware.name}), "
+    print(f"{analysis.program.name}: strategy {options.strategy} on mesh {mesh.label()} ({hardware.name}), "
           f"{len(actions)} actions, {roles_origin(roles)}")
     print(f"step time {human_seconds(cost.step_time_s)} ({cost.kernels} kernels), peak memory "
           f"{human_bytes(cost.peak_bytes)} per device")
@@ -115,6 +125,7 @@ def _cost_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hardware", required=True, help="accelerator profile (hardware/NAME.toml) or a TOML "
                         "path")
     parser.add_argument("--mesh", help="logical mesh, e.g. batch=4,model=2 (default: one device, unsharded)")
+    add_slices_option(parser)
     parser.add_argument("--strategy", metavar="NAME|FILE", help="a manual strategy (data_parallel, megatron, "
                         "fsdp, sequence, or a '+' combination such as fsdp+megatron; needs --mesh) or a "
                         "strategy file from `toast shard -o`")
@@ -130,21 +141,29 @@ def _cost_plan(options: argparse.Namespace) -> CostPlan:
     """What ``toast cost`` will price, checked before the analysis: ``(hardware, mesh, strategy, roles,
     document)`` with ``strategy`` a manual strategy's name or ``None`` and ``document`` a strategy file's."""
     from toast.cost.hardware import load_hardware
+    from toast.cost.network import check_slices
     from toast.output.strategy_file import read_strategy_document, strategy_mesh
     from toast.sharding.mesh import parse_mesh
     from toast.sharding.roles import roles_for_input
     from toast.sharding.strategies import COMPOSITES, STRATEGIES, check_strategy, strategy_parts
 
     hardware = load_hardware(options.hardware)
-    mesh = parse_mesh(options.mesh) if options.mesh else None
+    mesh = parse_mesh(options.mesh, slices=options.slices or 1) if options.mesh else None
+    if options.slices is not None and mesh is None and not options.strategy:
+        raise ToastError(f"--slices {options.slices} needs --mesh (or a strategy file): the slices split a mesh")
+    if mesh is not None:
+        check_slices(mesh, hardware)
     strategy = options.strategy
     if strategy is None:
         return CostPlan(hardware, mesh or parse_mesh("device=1"), None, None, None)
     if strategy.endswith(".json") or Path(strategy).is_file():
         document = read_strategy_document(strategy)
         file_mesh = strategy_mesh(document, path=strategy)
-        if mesh is not None and mesh != file_mesh:
+        if mesh is not None and mesh.axes != file_mesh.axes:
             raise ToastError(f"--mesh {options.mesh}, but the strategy file {strategy} is for mesh {file_mesh.spec()}")
+        if options.slices is not None:  # where the strategy runs is the user's to say; the file's by default
+            file_mesh = parse_mesh(file_mesh.spec(), slices=options.slices)
+        check_slices(file_mesh, hardware)
         return CostPlan(hardware, file_mesh, None, None, document)
     try:
         strategy_parts(strategy)
@@ -189,23 +208,28 @@ def _run_cost(options: argparse.Namespace, analysis, plan: CostPlan) -> int:
     live = costs.live_at_peak(state)
     program = analysis.program
     breakdown = cost.breakdown
-    print(f"{program.name}: {label} on mesh {mesh.spec()} ({hardware.name}){', arguments donated' if donate else ''}"
+    print(f"{program.name}: {label} on mesh {mesh.label()} ({hardware.name}){', arguments donated' if donate else ''}"
           f"{f', {options.microbatches} micro-batches' if options.microbatches > 1 else ''}")
     print(f"step time {human_seconds(cost.step_time_s)} per device: {cost.kernels} kernels, "
           f"{len(cost.collectives)} collectives")
-    rows = (("compute-bound kernels", "compute_bound_s"), ("memory-bound kernels", "memory_bound_s"),
-            ("launch overhead", "launch_overhead_s"), ("exposed communication", "exposed_communication_s"),
-            ("hidden communication", "hidden_communication_s"))
+    rows: tuple[tuple[str, str], ...] = (
+        ("compute-bound kernels", "compute_bound_s"), ("memory-bound kernels", "memory_bound_s"),
+        ("launch overhead", "launch_overhead_s"), ("exposed communication", "exposed_communication_s"),
+        ("hidden communication", "hidden_communication_s"))
+    if breakdown.get("exposed_host_transfer_s", 0.0) + breakdown.get("hidden_host_transfer_s", 0.0) > 0:
+        rows += (("exposed host transfers", "exposed_host_transfer_s"),  # values offloaded to host memory
+                 ("hidden host transfers", "hidden_host_transfer_s"))
     for label_text, key in rows:
-        note = " (overlapped, not in the step time)" if key == "hidden_communication_s" else ""
+        note = " (overlapped, not in the step time)" if key.startswith("hidden_") else ""
         print(f"  {label_text:<22} {human_seconds(breakdown[key]):>10}{note}")
     if cost.communication_s:
         print(f"communication: {cost.collectives_launched} collectives launched after combining")
         for axis_set, seconds in cost.communication_s.items():
             exposed = cost.exposed_communication_by_axes_s.get(axis_set, 0.0)
-            span = mesh_group_span(mesh.axes, axis_set.split("+"), hardware)
+            span = mesh_group_span(mesh.axes, axis_set.split("+"), hardware, slices=mesh.slices)
             print(f"  over {axis_set:<19} {human_seconds(seconds):>10}, {human_seconds(max(seconds - exposed, 0.0))} "
-                  f"hidden ({span.devices} devices, {span.per_node} per node: {span.levels(hardware)})")
+                  f"hidden ({span.devices} devices, {span.per_node} per {'slice' if mesh.slices > 1 else 'node'}: "
+                  f"{span.levels(hardware)})")
         for level, seconds in cost.communication_by_level_s.items():
             print(f"  on {level:<21} {human_seconds(seconds):>10}")
     print(f"peak memory {human_bytes(cost.peak_bytes)} per device; largest live buffers at the peak:")
@@ -219,7 +243,7 @@ def _run_cost(options: argparse.Namespace, analysis, plan: CostPlan) -> int:
         document_out = cost_document(
             cost, live, program=program.name, source=options.input, hardware=hardware.name, mesh_axes=mesh.axes,
             strategy=strategy or (options.strategy if document is not None else None), donate=donate,
-            overlap=not options.no_overlap, microbatches=options.microbatches)
+            overlap=not options.no_overlap, microbatches=options.microbatches, slices=mesh.slices)
         write_outputs([Output("--json", Path(options.json), json_text(document_out))])
     return 0
 
@@ -247,12 +271,14 @@ def _autoshard_arguments(parser: argparse.ArgumentParser) -> None:
 def _search_plan(options: argparse.Namespace) -> SearchPlan:
     """``toast autoshard``'s (and ``compare``'s) plan, checked before the analysis."""
     from toast.cost.hardware import load_hardware
+    from toast.cost.network import check_slices
     from toast.search.actions import parse_pins
     from toast.search.base import Phase, SearchSettings
     from toast.sharding.mesh import parse_mesh
 
-    mesh = parse_mesh(options.mesh)
+    mesh = parse_mesh(options.mesh, slices=options.slices or 1)
     hardware = load_hardware(options.hardware)
+    check_slices(mesh, hardware)
     pins: dict[str, tuple] = {}
     for name, entries in parse_pins(";".join(options.pin)).items():  # repeated --pin options: one list
         for entry in entries:

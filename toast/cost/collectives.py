@@ -207,8 +207,10 @@ class CommunicationModel:
             self.use_def[offset] = names.def_base[value_id] + dim
             if (operand, dim) in reduced_dims[op_id]:
                 reducing[offset] = True
-            elif op_id in terminators or (int(analysis.node_of[defs + offset]), op_id) in made:
-                # A terminator passes its operands on as they are (a region's or the program's results).
+            elif op_id in terminators or (int(analysis.node_of[defs + offset]), op_id) in made \
+                    or (op_id, operand, dim) in analysis.manual_dims:
+                # A terminator passes its operands on as they are (a region's or the program's results); a manual
+                # region (shard_map) takes each device's shard as it is.
                 splittable[offset] = True
         # Dims a use keeps whatever the state: a mask of 0xFF (keep) or 0 (must be whole).
         self.keep_mask = np.where(splittable | reducing, 0xFF, 0).astype(np.uint8)

@@ -20,8 +20,12 @@ from toast.errors import ToastError
 from toast.resources import resource_dir
 from toast.toml_files import parse_toml, read_text
 
-_TOP_KEYS = ("name", "description", "compute", "memory", "kernels", "compiler", "interconnect")
-_COMPILER_KEYS = ("combine_threshold", "sources")
+_TOP_KEYS = ("name", "description", "compute", "memory", "kernels", "compiler", "host", "interconnect")
+_HOST_KEYS = ("bandwidth", "efficiency", "sources")
+# Bytes/s one way between a device and its host's memory for a profile without a [host] table: PCIe 4.0 x16
+# (16 GT/s x 16 lanes, 128b/130b: 31.5 GB/s; NVIDIA's A100 datasheet rounds it to 32 GB/s a direction).
+DEFAULT_HOST_BANDWIDTH = 32e9
+_COMPILER_KEYS = ("combine_threshold", "collective_matmul", "sources")
 _KERNEL_KEYS = ("matmul_efficiency", "matmul_overhead", "f32_matmul", "hbm_efficiency", "kernel_overhead",
                 "step_overhead", "scatter_add_rate", "scatter_add_rate_16bit", "sources")
 _MEMORY_KEYS = ("hbm_bytes", "hbm_bandwidth", "sources")
@@ -104,6 +108,14 @@ class Hardware:
       scatter_add_rate_16bit: the same for 16-bit and narrower elements.
       combine_threshold: bytes up to which the compiler combines independent all-reduces (all-gathers,
         reduce-scatters) of one kind and axis set into one (XLA's collective combiners); 0 combines none.
+      collective_matmul: whether the compiler decomposes a matmul fed by an all-gather, or followed by a
+        reduction of its partial result, into steps that overlap the collective with the matmul (XLA's windowed
+        einsum: on in the TPU compiler, off by default on GPUs; ``toast.cost.overlap``); ``[compiler]``'s
+        ``collective_matmul``, false when not given.
+      host_bandwidth: bytes/s one way between one device and its host's memory (PCIe on GPUs and TPUs), the line
+        rate (``[host]``; ``DEFAULT_HOST_BANDWIDTH`` without one).
+      host_efficiency: the fraction of ``host_bandwidth`` a copy to or from host memory reaches (``[host]``'s
+        ``efficiency``, 1 when not given): copies of values offloaded to host memory move at the product.
       text: the profile's TOML text, as read (strategy files record it, so that any file can be re-priced
         and validated without the profile file).
     """
@@ -125,6 +137,9 @@ class Hardware:
     scatter_add_rate: float
     scatter_add_rate_16bit: float
     combine_threshold: float = 0.0
+    collective_matmul: bool = False
+    host_bandwidth: float = DEFAULT_HOST_BANDWIDTH
+    host_efficiency: float = 1.0
     text: str = dataclasses.field(default="", repr=False, compare=False)
 
     def matmul_flops(self, dtype: str) -> float:
@@ -247,8 +262,19 @@ def _hardware(data: dict, path: str) -> Hardware:
     if isinstance(combine_threshold, bool) or not isinstance(combine_threshold, int | float) \
             or not math.isfinite(combine_threshold) or combine_threshold < 0:
         raise ToastError(f"{path}: field 'compiler.combine_threshold' must be a number of bytes, 0 or more")
+    collective_matmul = compiler.get("collective_matmul", False)  # optional: profiles written before it have none
+    if not isinstance(collective_matmul, bool):
+        raise ToastError(f"{path}: field 'compiler.collective_matmul' must be true or false")
     sources = (_sources(compute, "compute", path) + _sources(memory, "memory", path)
                + _sources(kernels, "kernels", path) + _sources(compiler, "compiler", path))
+    host_bandwidth, host_efficiency = DEFAULT_HOST_BANDWIDTH, 1.0
+    if "host" in data:  # optional: profiles written before memory kinds were priced have none
+        host = _table(data, "host", path)
+        _known_keys(host, _HOST_KEYS, "host.", path)
+        host_bandwidth = _positive(host, "bandwidth", "host", path)
+        if "efficiency" in host:
+            host_efficiency = _fraction(host, "efficiency", "host", path)
+        sources += _sources(host, "host", path)
     return Hardware(
         name=name,
         description=description,
@@ -267,6 +293,9 @@ def _hardware(data: dict, path: str) -> Hardware:
         scatter_add_rate=_positive(kernels, "scatter_add_rate", "kernels", path),
         scatter_add_rate_16bit=_positive(kernels, "scatter_add_rate_16bit", "kernels", path),
         combine_threshold=float(combine_threshold),
+        collective_matmul=collective_matmul,
+        host_bandwidth=host_bandwidth,
+        host_efficiency=host_efficiency,
     )
 
 

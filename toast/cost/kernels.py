@@ -33,6 +33,11 @@ rows. An op of no class (an ``unpriced_op``) runs as a library call.
 - **Loops.** A ``stablehlo.while`` runs its body's kernels once per iteration: the trip count is read from
   the loop when it counts from a constant to a constant by a constant (what ``lax.scan`` and ``fori_loop``
   emit), else taken as 1 (``Loop.trip_count_known`` says which). ``if``/``case`` run one branch.
+- **Memory kinds.** A placement (``jax.device_put`` to ``jax.memory.Space.Host``, an offloading remat policy:
+  ``Value.memory_kind``) into the memory its operand is not in is a copy (``Transfer``), not a view: an offload's
+  result is a buffer in host memory, a fetch's a device buffer of its own. Host data stays host data through views,
+  loops, slices and updates in place (a scan's stack of offloaded residuals lies on the host), as XLA's host
+  offloader keeps it; a host buffer takes no device memory (``host_value``).
 
 Order: kernels are numbered in program order (by the last op they contain), which is also the order one
 device's compute stream runs them in.
@@ -40,13 +45,14 @@ device's compute stream runs them in.
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from toast.analysis.kernel_semantics import UNPRICED_CLASS, KernelSemantics
-from toast.frontend.ir import TERMINATORS, Program
+from toast.frontend.ir import HOST_MEMORY_KINDS, TERMINATORS, Program
 
 # Bits per component of a select-and-scatter's selection (the selected value and its index per dimension).
 SELECTION_BITS = 32
@@ -90,6 +96,34 @@ class Loop:
     trip_count_known: bool
 
 
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    """A copy between device and host memory: a placement (``Value.memory_kind``) of a value held in the other.
+
+    Attributes:
+      op: the placement op's id.
+      value: its result (the bytes copied).
+      to_host: device to host (an offload), else host to device (a fetch).
+      host_data: which host data it writes or reads (``KernelPlan.host_data`` of its host side): a fetch reads what
+        the offloads of the same host data wrote (a scan's stack and the slices of it).
+      ready_kernel: the kernel after which it may start (``-1``: from the start): an offload's, the one making its
+        value; a fetch's, the last one before it in program order (its data is there once, besides, the offloads of
+        its host data have landed).
+      reader_kernel: the first kernel reading a fetched value (``-1``: none, or an offload).
+      loop: the outermost ``stablehlo.while`` holding it (op id), ``-1`` at top level.
+      repeats: how many times one step runs it (the product of the enclosing loops' trip counts).
+    """
+
+    op: int
+    value: int
+    to_host: bool
+    host_data: int
+    ready_kernel: int
+    reader_kernel: int
+    loop: int
+    repeats: int
+
+
 class KernelPlan:
     """The kernels, buffers and loops of one program (built once, linear in its size).
 
@@ -117,6 +151,11 @@ class KernelPlan:
       buffer_born, buffer_dies: ``int64`` positions (kernel indices; ``-1`` before the first) between which
         each buffer is live; arguments live for the whole step, program results from the kernel that makes them
         to its end.
+      host_value: ``bool[values]``, whether each value's buffer lies in host memory (``_memory_spaces``): it takes
+        no device memory.
+      host_data: ``int64[values]``, for a value in host memory the host data it belongs to (a value naming the
+        buffers joined by the ops host data passes through: a scan's stack, its updates and slices), else ``-1``.
+      transfers: the copies between device and host memory (``Transfer``), in program order.
     """
 
     def __init__(self, program: Program, *, semantics: KernelSemantics):
@@ -125,7 +164,7 @@ class KernelPlan:
         self.loops: dict[int, Loop] = {}
         self.op_class = [semantics.class_of(op) or UNPRICED_CLASS for op in program.ops]
         # The passes, in order; each reads what the ones before made.
-        root = self._view_roots()
+        root = self._memory_spaces(self._view_roots())
         self._scopes_and_loops()
         category = self._categories()
         users, escapes = self._users_and_escapes(root, category)
@@ -140,10 +179,11 @@ class KernelPlan:
         # Buffers and live ranges in kernel positions.
         self.buffers, self.buffer_born, self.buffer_dies = self._live_ranges(
             users, escapes, materialized_cheap, category)
+        self.transfers = self._transfers()
 
     def _view_roots(self) -> np.ndarray:
         """``int64[values]``: the value whose buffer each value is (views, inlined calls, loops in place)."""
-        ops, op_class = self.program.ops, self.op_class
+        ops, op_class, values = self.program.ops, self.op_class, self.program.values
         in_place_update = self.semantics.in_place_update
         value_count = len(self.program.values)
         # Views: the buffer each value is (result k of a view is its operand k, or its last operand).
@@ -152,7 +192,8 @@ class KernelPlan:
             cls = op_class[op.id]
             if cls == "view" and op.operands:
                 for k, value_id in enumerate(op.results):
-                    source[value_id] = op.operands[min(k, len(op.operands) - 1)]
+                    if not values[value_id].memory_kind:  # a placement: its own buffer here (_memory_spaces)
+                        source[value_id] = op.operands[min(k, len(op.operands) - 1)]
             elif cls in ("inline", "loop"):
                 for args in op.regions[-1:] if cls == "loop" else op.regions[:1]:
                     for value_id, operand in zip(args, op.operands, strict=False):
@@ -183,6 +224,97 @@ class KernelPlan:
             step = value_id
             while source[step] != r:  # path compression: every chain is walked once
                 source[step], step = r, source[step]
+        return root
+
+    def _memory_spaces(self, root: np.ndarray) -> np.ndarray:
+        """Sets ``host_value``, ``host_data`` and ``_placements`` (``(op, operand, result, to_host)`` of each placement
+        that copies); returns ``root`` with the placements that move nothing made views again.
+
+        A buffer lies in host memory when the program places a value of it there (a placement's result, an
+        argument of a host memory kind) or writes host data into it in place (the stack of a ``lax.scan``'s
+        offloaded residuals: XLA's host offloader allocates the whole stack on the host). A slice of host data, and
+        a broadcast that only adds unit dims to it, are host data too: the ops XLA lets a value pass through on its
+        way to or from a placement. A placement into the other memory is a copy into a buffer of its own; one into
+        the memory its operand lies in already is a view, as XLA drops it; so are both of a copy straight back.
+        """
+        values, op_class = self.program.values, self.op_class
+        host = np.zeros(len(values), dtype=bool)  # per root
+        self._placements: list[tuple[int, int, int, bool]] = []
+        if not any(v.memory_kind for v in values):
+            self.host_value, self.host_data = host, np.full(len(values), -1, dtype=np.int64)
+            return root
+        # A copy straight back of a copy read by nothing else is no copy at all: XLA drops the pair (measured on an
+        # H100 with jax 0.11: benchmarks/gpu_host_offload.py); a remat fetch reads through an optimization barrier.
+        ops, producer = self.program.ops, self.program.producer
+        uses = np.bincount([v for op in ops for v in op.operands], minlength=len(values))
+        dropped: set[int] = set()
+        hosted = [v.memory_kind in HOST_MEMORY_KINDS for v in values]
+        for op in ops:
+            if op_class[op.id] != "view" or len(op.operands) != 1 or len(op.results) != 1:
+                continue
+            (first,), (second,) = op.operands, op.results
+            if values[second].memory_kind and values[first].memory_kind and uses[first] == 1 and \
+                    producer[first] >= 0 and op_class[producer[first]] == "view" and hosted[first] != hosted[second]:
+                dropped.update((first, second))
+        for value in values:
+            if value.memory_kind in HOST_MEMORY_KINDS and value.id not in dropped:
+                host[root[value.id]] = True
+        in_place_update, touched = self.semantics.in_place_update, self.semantics.touched_operand
+        passes: list[tuple[int, int]] = []  # (operand, result): host data in the operand makes the result host data
+        for op in ops:
+            if not op.results or not op.operands:
+                continue
+            if op.kind in in_place_update and len(op.operands) > max(in_place_update[op.kind]):
+                passes.append((op.operands[in_place_update[op.kind][1]], op.results[0]))
+            elif (op.kind, 0) in touched:
+                passes.append((op.operands[0], op.results[0]))
+            elif op_class[op.id] == "cheap" and len(op.operands) == 1 and values[op.operands[0]].bits == \
+                    values[op.results[0]].bits and math.prod(values[op.operands[0]].shape) == \
+                    math.prod(values[op.results[0]].shape):
+                passes.append((op.operands[0], op.results[0]))
+        changed = True
+        while changed:  # host data flows on through loops and calls (their buffers are shared: ``root``)
+            changed = False
+            for source, result in passes:
+                r = int(root[result])
+                if host[root[source]] and not host[r] and not values[r].memory_kind:
+                    host[r] = changed = True
+        merged: dict[int, int] = {}
+        for op in ops:
+            if op_class[op.id] != "view" or not op.operands:
+                continue
+            for k, value_id in enumerate(op.results):
+                if not values[value_id].memory_kind:
+                    continue
+                operand = op.operands[min(k, len(op.operands) - 1)]
+                to_host = values[value_id].memory_kind in HOST_MEMORY_KINDS
+                if to_host == bool(host[root[operand]]) or value_id in dropped:
+                    merged[value_id] = operand
+                else:
+                    self._placements.append((op.id, operand, value_id, to_host))
+        for value_id in merged:
+            final = value_id
+            while final in merged:
+                final = int(root[merged[final]])
+            root[root == value_id] = final
+        self.host_value = host[root]
+        # Host data joined by the ops it passes through is one: ``host_data`` names each value's by a root value.
+        group = {int(r): int(r) for r in np.flatnonzero(host)}
+
+        def find(r: int) -> int:
+            while group[r] != r:
+                group[r] = r = group[group[r]]
+            return r
+
+        for source, result in passes:
+            a, b = int(root[source]), int(root[result])
+            if a in group and b in group:
+                group[find(a)] = find(b)
+        self.host_data = np.full(len(values), -1, dtype=np.int64)
+        for value in values:
+            r = int(root[value.id])
+            if r in group:
+                self.host_data[value.id] = find(r)
         return root
 
     def _scopes_and_loops(self) -> None:
@@ -233,6 +365,9 @@ class KernelPlan:
                 users[r].append(op.id)
         for value_id in program.results:
             escapes[root[value_id]] = True
+        for _, operand, _, to_host in self._placements:
+            if to_host:  # the copy to the host reads it where it lies: it is stored
+                escapes[root[operand]] = True
         for op in ops:
             cat = category[op.id]
             if cat in ("terminator", "loop", "branch", "library", "matmul"):
@@ -558,6 +693,30 @@ class KernelPlan:
             users[op.results[0]] = []
         return remap[root]
 
+    def _transfers(self) -> tuple[Transfer, ...]:
+        """The placements that copy between device and host memory, in program order."""
+        producer, kernel_of_op = self.program.producer, self.kernel_of_op
+        last_ops = [k.ops[-1] for k in self.kernels]
+        first_read: dict[int, int] = {}
+        for kernel, value_id in zip(self.reads[0].tolist(), self.reads[1].tolist(), strict=True):
+            first_read[value_id] = min(first_read.get(value_id, kernel), kernel)
+        found = []
+        for op_id, operand, value_id, to_host in self._placements:
+            # Ready after the last kernel before the copy in program order (what it reads is there by then: JAX puts
+            # a remat fetch after the optimization barrier that waits for the backward pass to reach it); an offload
+            # as soon as the kernel making its value ends.
+            ready, reader = bisect.bisect_left(last_ops, op_id) - 1, -1
+            if to_host:
+                made_by = producer[int(self.root[operand])]
+                if made_by < 0 or kernel_of_op[made_by] >= 0:
+                    ready = int(kernel_of_op[made_by]) if made_by >= 0 else -1
+            else:
+                reader = first_read.get(int(self.root[value_id]), -1)
+            found.append(Transfer(op_id, value_id, to_host, int(self.host_data[value_id if to_host else operand]),
+                                  ready, reader, self.outermost_loop(op_id),
+                                  self.repeats_in(self.enclosing_loop(op_id))))
+        return tuple(found)
+
     def enclosing_loop(self, op_id: int) -> int:
         """The innermost ``stablehlo.while`` holding op ``op_id`` (op id), ``-1`` at top level."""
         s = self.scope[op_id]
@@ -613,6 +772,13 @@ class KernelPlan:
                 r = int(self.root[value_id])
                 if r == value_id or r not in born:
                     born.setdefault(r, k)
+        # A value fetched from the host is a buffer of its own from the first kernel after the fetch in program
+        # order, which its copy overlaps (``Transfer``: a fetch starts where the program reaches it).
+        last_ops = [k.ops[-1] for k in self.kernels]
+        for op_id, _, value_id, to_host in self._placements:
+            r = int(self.root[value_id])
+            if not to_host and r not in born:
+                born[r] = min(bisect.bisect_left(last_ops, op_id), max(last - 1, 0))
         for value_id in arguments:
             born[value_id] = -1
         # A buffer dies after the last kernel that reads it (a recomputed producer's reads happen in the

@@ -14,8 +14,10 @@ shard):
   (``toast.cost.collectives``) run on a communication stream: each starts when its operand is ready and the
   stream is free; the kernel that needs its result waits for its end (XLA's latency-hiding scheduler
   overlaps them so). ``overlap=False`` runs them on the compute stream instead. Collectives inside a loop
-  body run there, exposed. The step time is the makespan, plus ``step_overhead`` (launching the program):
-  never less than the compute stream's busy time.
+  body run there, overlapped as XLA's collective pipeliner overlaps them (``toast.cost.loops``: a layer's weight
+  gather prefetched under the previous layer, its gradient's reduce-scatter finished under the next). The step
+  time is the makespan, plus ``step_overhead`` (launching the program): never less than the compute stream's
+  busy time.
 - **Collective times.** Alpha-beta ring times over the interconnect level the mesh axes span
   (``../shared/reference/hardware.md`` section 3.1): all-gather and reduce-scatter
   ``(n-1)·alpha + (n-1)/n · S / B`` with S the full bytes; all-reduce twice that; all-to-all
@@ -24,7 +26,12 @@ shard):
   to the end (XLA gives a result the allocation of a temporary that died before it), every other kernel output
   from its kernel to its last reader, loop-carried values once; a value resharded for its uses is a second
   copy from its collective to its last such use. With donated arguments an output is written into an
-  argument's buffer of the same size and takes none of its own (``jax.jit(..., donate_argnums=...)``).
+  argument's buffer of the same size and takes none of its own (``jax.jit(..., donate_argnums=...)``). A buffer in
+  host memory (``KernelPlan.host_value``: offloaded activations, a scan's stack of them) takes none.
+- **Host transfers.** A copy between device and host memory (``KernelPlan.transfers``) moves its bytes at the
+  profile's ``host_bandwidth`` x ``host_efficiency`` on a host-link stream of its own per direction: an offload
+  starts when its value is made and only the step's end waits for it; a fetch starts where the program reaches it
+  and must land before the kernel reading it (``CostModel._host_transfers``).
 
 The relative cost is ``C(s) = RT(s) + MP(s)`` with ``RT = step time / initial step time`` and
 ``MP = penalty · (peak − device memory) / initial peak`` when the peak exceeds the device memory, else 0.
@@ -54,6 +61,7 @@ from toast.cost.collectives import (
 )
 from toast.cost.hardware import Hardware
 from toast.cost.kernels import KernelPlan
+from toast.cost.loops import LoopOverlap
 from toast.cost.network import Algorithm, algorithms, collective_seconds, mesh_group_span
 from toast.errors import ToastError
 from toast.sharding.state import NamePartition, ShardingModel, ShardingState
@@ -63,7 +71,7 @@ _HANDS_ON = frozenset({"terminator", "loop", "branch"})
 
 
 BREAKDOWN_KEYS = ("compute_bound_s", "memory_bound_s", "launch_overhead_s", "exposed_communication_s",
-                  "hidden_communication_s")
+                  "hidden_communication_s", "exposed_host_transfer_s", "hidden_host_transfer_s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +84,9 @@ class Cost:
       breakdown: the step time split (seconds): ``compute_bound_s`` (kernels limited by FLOPs or atomics),
         ``memory_bound_s`` (kernels limited by HBM bytes), ``launch_overhead_s`` (per-kernel and per-step
         overheads), ``exposed_communication_s`` (collective time the compute stream waits for); and
-        ``hidden_communication_s``, collective time overlapped with compute (not part of the step time).
+        ``hidden_communication_s``, collective time overlapped with compute (not part of the step time);
+        ``exposed_host_transfer_s`` and ``hidden_host_transfer_s``, the same split of the copies between device and
+        host memory (``CostModel._host_transfers``).
       communication_s: collective time per mesh axis set (``"model"``, ``"batch+model"``), seconds, after
         combining.
       peak_bytes: peak memory per device, bytes.
@@ -164,6 +174,7 @@ class CostModel:
         analysis = model.analysis
         program = analysis.program
         self.plan = KernelPlan(program, semantics=analysis.kernel_semantics)
+        self.loop_overlap = LoopOverlap(self.plan, keeps_elements=analysis.kernel_semantics.keeps_elements)
         self.donate = tuple(sorted(set(donate)))
         for index in self.donate:
             if not 0 <= index < len(program.arguments):
@@ -176,6 +187,7 @@ class CostModel:
                                                                                  int]]] | None = None
         self._moves = np.asarray([span is not None and span.devices > 1 for span in self._mask_spans], dtype=bool)
         self._init_microbatches()
+        self._init_host_transfers()
         self.initial = self._absolute(model.initial())
 
     def _init_collective_algorithms(self) -> None:
@@ -183,7 +195,7 @@ class CostModel:
         mesh, hardware = self.model.mesh, self.hardware
         # Every axes mask's span, and per (kind, mask) its algorithms as affine candidates (latency, seconds per
         # byte), padded with (inf, 0); masks of at most one device move nothing (one candidate of 0 s).
-        self._mask_spans = [mesh_group_span(list(mesh.axes), mesh.mask_axes(mask), hardware)
+        self._mask_spans = [mesh_group_span(list(mesh.axes), mesh.mask_axes(mask), hardware, slices=mesh.slices)
                             if mask < 1 << len(mesh.axes) else None for mask in range(256)]
         candidates: list[list[list[Algorithm]]] = [
             [list(algorithms(kind, span, hardware)) if span is not None else [] for span in self._mask_spans]
@@ -388,7 +400,8 @@ class CostModel:
 
     def collective_time(self, collective: Collective) -> float:
         """Seconds of one collective over its axes' span (``toast.cost.network``)."""
-        span = mesh_group_span(list(self.model.mesh.axes), collective.axes, self.hardware)
+        span = mesh_group_span(list(self.model.mesh.axes), collective.axes, self.hardware,
+                               slices=self.model.mesh.slices)
         nbytes = collective.bytes_out if collective.kind == "all-gather" else collective.bytes_in
         return collective_seconds(collective.kind, nbytes, span, self.hardware)
 
@@ -502,12 +515,19 @@ class CostModel:
         kind, axes_mask, value, op, operand = (table.kind[moving], table.axes_mask[moving], table.value[moving],
                                                table.op[moving], table.operand[moving])
         nbytes = np.where(kind == ALL_GATHER, table.bytes_out[moving], table.bytes_in[moving]).astype(np.float64)
-        # Collectives inside a loop body run there, exposed; the others go on the communication stream, combined
-        # as XLA's combiners combine them.
+        # Collectives inside a loop body run there (their exposed part on the loop's item); the others go on the
+        # communication stream, combined as XLA's combiners combine them.
         in_loop = self.op_in_loop[op]
-        repeated = self._durations(kind[in_loop], axes_mask[in_loop], nbytes[in_loop]) * self.op_repeats[op[in_loop]]
-        np.add.at(item_time, self.item_of_op[op[in_loop]], repeated)  # in order, as a loop adds
-        in_loops = _sequential_sum(repeated)
+        loop_durations = self._durations(kind[in_loop], axes_mask[in_loop], nbytes[in_loop])
+        repeated = loop_durations * self.op_repeats[op[in_loop]]
+        # What the loop bodies' collectives leave exposed (toast.cost.loops: prefetched, deferred, overlapped in
+        # the iteration); without overlap, all of it.
+        loop_exposed = self.loop_overlap.exposed(seconds, op[in_loop], value[in_loop], operand[in_loop],
+                                                 loop_durations, self._makespan, axes_mask[in_loop]) \
+            if self.overlap and in_loop.any() else repeated
+        np.add.at(item_time, self.item_of_op[op[in_loop]], loop_exposed)  # in order, as a loop adds
+        in_loops = _sequential_sum(loop_exposed)
+        loop_hidden = max(0.0, _sequential_sum(repeated) - in_loops) * self.microbatches
         loop_masks = axes_mask[in_loop]
         streamed = ~in_loop
         values, ops, is_use = value[streamed], op[streamed], operand[streamed] >= 0
@@ -535,7 +555,7 @@ class CostModel:
         # Per label: the loop bodies' collectives (exposed, every micro-batch), then each stream's.
         label_masks = [loop_masks]
         label_seconds = [repeated * self.microbatches]
-        label_late = [repeated * self.microbatches]
+        label_late = [loop_exposed * self.microbatches]
         for (makespan, busy, masks, durations, late), times in zip(streams, runs, strict=True):
             step += times * makespan
             compute_busy += times * busy
@@ -557,8 +577,10 @@ class CostModel:
             "memory_bound_s": busy_memory,
             "launch_overhead_s": overheads,
             "exposed_communication_s": exposed + in_loops,
-            "hidden_communication_s": max(0.0, total_comm - exposed) if total_comm - exposed > 1e-12 * step else 0.0,
+            "hidden_communication_s": (max(0.0, total_comm - exposed) if total_comm - exposed > 1e-12 * step else 0.0)
+            + loop_hidden,
         }
+        step = self._host_transfers(step, breakdown, seconds, item_time, value_bytes)
         peak = self._peak_memory(table, value_bytes, group_of_row)
         listed = self.communication.to_list(table) if collectives else []
         launched = len(streams[0][2]) + int(in_loop.sum())
@@ -721,15 +743,121 @@ class CostModel:
         exposed[rows] = added
         return max(total + delay, comm_free), exposed
 
+    def _init_host_transfers(self) -> None:
+        """What the host link's streams need, once per program: which buffers take device memory, and per top-level
+        loop holding copies between device and host memory (``KernelPlan.transfers``) its item, its trip count and
+        its body's kernels in order."""
+        plan = self.plan
+        self._on_device = ~plan.host_value[plan.buffers]
+        self._outer_loop_of_kernel = np.asarray([plan.outermost_loop(k.ops[-1]) for k in plan.kernels],
+                                                dtype=np.int64)
+        self._transfer_loops: dict[int, tuple[int, int, np.ndarray]] = {}
+        for transfer in plan.transfers:
+            if transfer.loop >= 0 and transfer.loop not in self._transfer_loops:
+                body = np.flatnonzero(self._outer_loop_of_kernel == transfer.loop)
+                item = int(self.top_of_kernel[body[0]]) if len(body) else -1
+                self._transfer_loops[transfer.loop] = (item, plan.loops[transfer.loop].trip_count, body)
+
+    def _host_transfers(self, step: float, breakdown: dict[str, float], seconds: np.ndarray, item_time: np.ndarray,
+                        value_bytes: np.ndarray) -> float:
+        """The step time with the copies between device and host memory (``KernelPlan.transfers``) added where the
+        step waits for them; sets ``breakdown``'s ``exposed_host_transfer_s`` and ``hidden_host_transfer_s``.
+
+        Each copy moves its value's local bytes at the profile's ``host_bandwidth`` x ``host_efficiency``, once per
+        run of its loop body, as an async copy on the host link, one stream per direction (PCIe is full duplex),
+        each taking copies in the order they become ready. A copy to the host starts once its value is made and only
+        the step's end waits for it. A copy back starts where the program reaches it (after the kernel before it: a
+        remat fetch follows the optimization barrier that waits for the backward pass; XLA's scheduler hoists it no
+        further) once its data is on the host (the copies to the host of that data done), overlaps the kernels up to
+        its first reader, and that kernel waits for it, delaying the compute stream from there on. In a loop body
+        the copies run iteration by iteration, placed by the body's kernel times. The compute stream's timeline here
+        is its kernels' (``item_time``) without the waits for collectives: the two waits add. ``overlap=False`` runs
+        the copies on the compute stream.
+
+        Args:
+          step: the step time without the copies, seconds.
+          seconds: ``float64[kernels]``, each kernel's seconds per launch.
+          item_time: ``float64[items]``, each top-level item's seconds on the compute stream.
+          value_bytes: ``int64[values]``, each value's bytes on one device.
+        """
+        exposed, busy = self._host_link(seconds, item_time, value_bytes) if self.plan.transfers else (0.0, 0.0)
+        runs = float(self.microbatches)  # every micro-batch offloads and fetches its own activations
+        breakdown["exposed_host_transfer_s"] = exposed * runs
+        breakdown["hidden_host_transfer_s"] = (busy - exposed) * runs
+        return step + exposed * runs
+
+    def _host_link(self, seconds: np.ndarray, item_time: np.ndarray, value_bytes: np.ndarray) -> tuple[float, float]:
+        """``(exposed, busy)``: the seconds one run of the program waits for its host copies, and their total."""
+        plan, bandwidth = self.plan, self.hardware.host_bandwidth * self.hardware.host_efficiency
+        starts = np.concatenate(([0.0], np.cumsum(item_time)))
+        total = float(starts[-1])
+        # Per loop holding copies: its iteration's length and each body kernel's start and end within it.
+        within: dict[int, tuple[float, dict[int, tuple[float, float]]]] = {}
+        for loop, (item, trips, body) in self._transfer_loops.items():
+            per_iteration = seconds[body] * self.repeats[body] / trips
+            ends = np.cumsum(per_iteration)
+            length = float(item_time[item]) / trips if item >= 0 else 0.0
+            scale = length / float(ends[-1]) if len(ends) and ends[-1] > 0 else 0.0
+            within[loop] = (length, {k: (float((end - t) * scale), float(end * scale))
+                                     for k, end, t in zip(body.tolist(), ends.tolist(), per_iteration.tolist(),
+                                                          strict=True)})
+
+        def at(kernel: int, loop: int, iteration: int, end: bool) -> float:
+            """When ``kernel`` starts (ends) in ``iteration`` of ``loop``, or as a whole (a kernel outside it)."""
+            item = int(self.top_of_kernel[kernel])
+            if loop >= 0 and self._outer_loop_of_kernel[kernel] == loop:
+                length, offsets = within[loop]
+                return float(starts[item]) + iteration * length + offsets[kernel][1 if end else 0]
+            return float(starts[item + 1] if end else starts[item])
+
+        events: list[tuple[float, int, float, float, bool, int]] = []  # (ready, order, due, seconds, to_host, data)
+        offloaded: dict[int, float] = {}  # host data -> when the last offload into it so far is ready
+        for transfer in plan.transfers:
+            loop = transfer.loop
+            item, trips, _ = self._transfer_loops[loop] if loop >= 0 else (-1, 1, np.empty(0))
+            duration = float(value_bytes[transfer.value]) * transfer.repeats / trips / bandwidth
+            for iteration in range(trips):
+                begins = float(starts[item]) + iteration * within[loop][0] if item >= 0 else 0.0
+                due = math.inf
+                ready = max(begins, at(transfer.ready_kernel, loop, iteration, True)
+                            if transfer.ready_kernel >= 0 else 0.0)
+                if transfer.to_host:
+                    offloaded[transfer.host_data] = max(offloaded.get(transfer.host_data, 0.0), ready)
+                else:  # after the offloads of its data (taken first: ``landed`` then knows when they end)
+                    ready = max(ready, offloaded.get(transfer.host_data, 0.0))
+                    if transfer.reader_kernel >= 0:
+                        due = at(transfer.reader_kernel, loop, iteration, False)
+                events.append((ready, len(events), due, duration, transfer.to_host, transfer.host_data))
+        busy = _sequential_sum(np.asarray([e[3] for e in events]))
+        if not self.overlap:
+            return busy, busy
+        events.sort()
+        free = {True: 0.0, False: 0.0}  # each direction's stream
+        landed: dict[int, float] = {}  # host data -> when the offloads into it so far are done
+        pending: list[tuple[float, float]] = []  # (due, lateness) of copies the compute stream waits for
+        delay = 0.0
+        for ready, _, due, duration, to_host, data in events:
+            while pending and pending[0][0] <= ready:
+                delay = max(delay, heapq.heappop(pending)[1])
+            begin = max(ready + delay, free[to_host], 0.0 if to_host else landed.get(data, 0.0))
+            free[to_host] = end = begin + duration
+            if to_host:
+                landed[data] = max(landed.get(data, 0.0), end)
+            elif end > due:
+                heapq.heappush(pending, (due, end - due))
+        for _, late in pending:
+            delay = max(delay, late)
+        return max(total + delay, free[True], free[False]) - total, busy
+
     def live_at_peak(self, state: ShardingState, *, top: int = 5) -> list[LiveBuffer]:
         """The ``top`` largest buffers live when the peak is reached (largest first)."""
         value_bytes = self.communication.value_bytes(state)
-        sizes = value_bytes[self.plan.buffers]
+        sizes = value_bytes[self.plan.buffers] * self._on_device
         delta = self._live_delta(sizes, self.communication.table(state, value_bytes),
                                  value_bytes=value_bytes) + self._scratch_delta(value_bytes)
         at = int(np.argmax(np.cumsum(delta)))
         born, dies = self.buffer_born, self.buffer_dies
-        live = np.flatnonzero((born <= at) & (dies > at))
+        live = np.flatnonzero((born <= at) & (dies > at) & self._on_device)
         order = live[np.argsort(-sizes[live], kind="stable")][:top]
         program = self.model.analysis.program
         found = []
@@ -817,7 +945,7 @@ class CostModel:
 
     def _timeline(self, collectives: CollectiveTable, value_bytes: np.ndarray, donated: Sequence[int] = (),
                   group_of_row: np.ndarray | None = None) -> np.ndarray:
-        sizes = value_bytes[self.plan.buffers]
+        sizes = value_bytes[self.plan.buffers] * self._on_device  # a buffer in host memory takes no device memory
         if donated:
             sizes = sizes.copy()
             sizes[[self._buffer_index[v] for v in donated]] = 0

@@ -3,7 +3,11 @@
 A collective runs over a *group*: the devices of a set of mesh axes. Devices are numbered row-major over the
 mesh shape, as ``jax.make_mesh`` and ``mesh_utils.create_device_mesh`` lay them out on GPUs (the last axis is
 innermost), so a group lies inside one node (the domain of the profile's innermost level: an NVLink domain, a
-TPU slice), spans nodes with one device in each, or both (``GroupSpan``).
+TPU slice), spans nodes with one device in each, or both (``GroupSpan``). A mesh over several slices
+(``Mesh.slices``, TPU slices joined by DCN) makes each slice a node: the outermost level joins the
+slices, the levels inside it join at most one slice's devices (``sliced_hardware``), so an axis crossing
+slices is priced on DCN, and one crossing slices with several devices in each on both (ICI within a
+slice, DCN across: the ring's bus bandwidth and the hierarchical all-reduce below).
 
 Each algorithm's time is affine in the message size S (bytes as nccl-tests counts them: an all-reduce's
 buffer per device, an all-gather's gathered and a reduce-scatter's scattered buffer, an all-to-all's buffer
@@ -37,12 +41,14 @@ parameters of every level are fitted to nccl-tests measurements (``benchmarks/fi
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from toast.cost.hardware import Hardware, InterconnectLevel
 from toast.errors import ToastError
+from toast.sharding.mesh import Mesh
 
 COLLECTIVE_KINDS = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all", "collective-permute")
 
@@ -121,9 +127,54 @@ def group_span(positions: Sequence[int], hardware: Hardware) -> GroupSpan:
     return GroupSpan(devices=n, per_node=per_node, nodes=n // per_node, inner=outer - 1, outer=outer)
 
 
-def mesh_group_span(mesh_axes: Sequence[tuple[str, int]], axes: Sequence[str], hardware: Hardware) -> GroupSpan:
+def sliced_hardware(hardware: Hardware, *, devices: int, slices: int) -> Hardware:
+    """The profile as a mesh of ``devices`` laid over ``slices`` slices sees it (``Mesh.slices``): the outermost
+    level joins the slices and every level inside it joins at most one slice's devices (``devices / slices``);
+    the profile itself for one slice.
+
+    >>> from toast.cost.hardware import load_hardware
+    >>> [level.devices for level in sliced_hardware(load_hardware("tpu_v4"), devices=128, slices=2).interconnect]
+    [64, 65536]
+
+    Raises:
+      ToastError: a profile of one level (nothing joins slices), or a slice larger than the level inside the
+        outermost joins (a v5e slice of more than its 256-chip pod).
+    """
+    if slices == 1:
+        return hardware
+    levels = hardware.interconnect
+    if len(levels) < 2:
+        raise ToastError(f"{slices} slices: the {hardware.name} profile has one interconnect level "
+                         f"({levels[0].name}); slices need a network joining them, an outer [[interconnect]] level")
+    per_slice = devices // slices
+    inside = levels[-2]
+    if per_slice > inside.devices:
+        raise ToastError(f"{slices} slices of {devices} devices: a slice of {per_slice} devices is more than the "
+                         f"{inside.devices} that the {hardware.name} profile's {inside.name} level joins")
+    capped = tuple(dataclasses.replace(level, devices=min(level.devices, per_slice)) for level in levels[:-1])
+    return dataclasses.replace(hardware, interconnect=capped + levels[-1:])
+
+
+def check_slices(mesh: Mesh, hardware: Hardware) -> None:
+    """Fail before any work where ``mesh``'s slices cannot lie on ``hardware`` (``sliced_hardware``'s errors)."""
+    sliced_hardware(hardware, devices=mesh.devices, slices=mesh.slices)
+
+
+def mesh_group_span(mesh_axes: Sequence[tuple[str, int]], axes: Sequence[str], hardware: Hardware, *,
+                    slices: int = 1) -> GroupSpan:
     """The span of the group over ``axes`` of a mesh ``[(name, size), ...]`` (major to minor), devices
-    numbered row-major over the mesh shape."""
+    numbered row-major over the mesh shape, on ``slices`` slices (``Mesh.slices``: each a node, joined by the
+    outermost level).
+
+    >>> from toast.cost.hardware import load_hardware
+    >>> v4 = load_hardware("tpu_v4")
+    >>> mesh_group_span([("data", 2), ("fsdp", 64)], ("data",), v4).levels(v4)  # one slice of 128 chips
+    'ici'
+    >>> mesh_group_span([("data", 2), ("fsdp", 64)], ("data",), v4, slices=2).levels(v4)
+    'dcn'
+    >>> mesh_group_span([("data", 2), ("fsdp", 64)], ("data", "fsdp"), v4, slices=2)
+    GroupSpan(devices=128, per_node=64, nodes=2, inner=0, outer=1)
+    """
     strides: dict[str, int] = {}
     stride = 1
     for name, size in reversed(mesh_axes):
@@ -135,10 +186,11 @@ def mesh_group_span(mesh_axes: Sequence[tuple[str, int]], axes: Sequence[str], h
     positions = [0]
     for axis in axes:
         positions = [p + i * strides[axis] for p in positions for i in range(sizes[axis])]
-    return group_span(positions, hardware)
+    return group_span(positions, sliced_hardware(hardware, devices=stride, slices=slices))
 
 
-def axis_spans(mesh_axes: Sequence[tuple[str, int]], hardware: Hardware) -> dict[str, GroupSpan]:
+def axis_spans(mesh_axes: Sequence[tuple[str, int]], hardware: Hardware, *, slices: int = 1
+               ) -> dict[str, GroupSpan]:
     """Each mesh axis's span: whether its collectives stay in a node, span nodes, or both.
 
     >>> from toast.cost.hardware import load_hardware
@@ -146,7 +198,7 @@ def axis_spans(mesh_axes: Sequence[tuple[str, int]], hardware: Hardware) -> dict
     >>> {axis: span.placement for axis, span in spans.items()}
     {'data': 'network', 'model': 'node'}
     """
-    return {name: mesh_group_span(mesh_axes, (name,), hardware) for name, _ in mesh_axes}
+    return {name: mesh_group_span(mesh_axes, (name,), hardware, slices=slices) for name, _ in mesh_axes}
 
 
 def algorithms(kind: str, span: GroupSpan, hardware: Hardware) -> tuple[Algorithm, ...]:

@@ -89,6 +89,11 @@ INPUTS: tuple[Relation, ...] = (
          "custom_call Op carries its kernel's own cost estimate (a Pallas TPU kernel's backend_config "
          "cost_estimate) over its whole shapes: FLOPs, bytes accessed and transcendentals, each as decimal "
          "text (the counts outgrow a 32-bit Datalog number)."),
+    _rel("kernel_config", "Op:OpId, Key:symbol, Value:symbol",
+         "custom_call Op's kernel is configured with Key = Value: the entries of a cuDNN fused attention call's "
+         "cudnn_fmha_backend_config, Key a dotted path (\"mask_type\", "
+         "\"bmm1_dot_dimension_numbers.lhs_batch_dimensions\"), Value its JSON text, a list's items joined by "
+         "commas (\"CAUSAL\", \"0,2\")."),
     _rel("dot_batch", "Op:OpId, LhsDim:number, RhsDim:number, OutDim:number",
          "dot_general Op pairs batch dims LhsDim and RhsDim; they become result dim OutDim."),
     _rel("dot_contract", "Op:OpId, LhsDim:number, RhsDim:number",
@@ -178,6 +183,10 @@ OUTPUTS: tuple[Relation, ...] = (
          "Op sums over dim Dim of its operand Index (a contracting dim of a dot_general or convolution, "
          "a reduced dim of a reduce): split along an axis, the result is a partial sum over that axis "
          "(an all-reduce or reduce-scatter)."),
+    _rel("manual_dim", "Op:OpId, Index:number, Dim:number",
+         "Dim Dim of Op's operand Index enters a manual region split (shard_map: sdy.manual_computation, "
+         "@SPMDFullToShardShape): each device holds its own shard of the global value, so a split of the "
+         "dim arriving there moves nothing."),
     _rel("halo_dim", "Op:OpId, Index:number, Dim:number, Low:number, High:number",
          "Op's result row i along dim Dim of its operand Index reads that dim's rows i - Low to i + High "
          "(a window wider than 1, identified with the result's dim): split along axes, each device needs "

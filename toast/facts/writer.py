@@ -62,6 +62,8 @@ def _attribute_facts(op: Op, program: Program) -> Iterator[tuple[str, tuple]]:
         if estimate is not None:
             flops, bytes_accessed, transcendentals = estimate
             yield "kernel_cost_estimate", (op.id, str(flops), str(bytes_accessed), str(transcendentals))
+        for key, value in op.attr("kernel_config", ()):
+            yield "kernel_config", (op.id, key, value)
     elif kind == "dot_general":
         yield from _dot_general(op, program)
     elif kind == "transpose":

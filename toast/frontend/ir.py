@@ -18,6 +18,9 @@ from toast.frozen import pickled_by_constructor
 
 # Ops that end a region and hand its values on (a loop body's next carry, a call's results).
 TERMINATORS = frozenset({"stablehlo.return", "func.return", "sdy.return"})
+# Memory kinds (``Value.memory_kind``) in the host's memory rather than the device's (JAX's
+# ``jax.memory.Space.Host`` is ``"pinned_host"``).
+HOST_MEMORY_KINDS = frozenset({"pinned_host", "unpinned_host"})
 
 
 @pickled_by_constructor
@@ -36,6 +39,11 @@ class Value:
         ``f8E4M3FN``, 4 for ``i4``, 1 for ``i1``, 64 for ``complex<f32>``); 0 for non-tensors
         and for element types without a width (quantized or opaque types).
       loc: ``file:line`` of the user's Python that created it, ``""`` when unknown.
+      memory_kind: the memory the program places it in, as the program states it: ``"pinned_host"``,
+        ``"unpinned_host"`` or ``"device"`` for the result of a placement annotation (``jax.device_put(x,
+        jax.memory.Space.Host)`` and offloading remat policies lower to ``annotate_device_placement``) and for an
+        entry argument with a ``mhlo.memory_kind``; ``""`` where the program states none (the value lies where
+        its buffer does: ``toast.cost.kernels.KernelPlan.host_buffer`` works that out).
     """
 
     id: int
@@ -44,6 +52,7 @@ class Value:
     dtype: str
     bits: int
     loc: str
+    memory_kind: str = ""
 
 
 @pickled_by_constructor

@@ -477,7 +477,9 @@ def kernel_attributes(attributes: Any, *, where: str) -> tuple[tuple[str, Any], 
     """A custom call's kernel identity, as op attributes: ``("kernel", name)`` (the ``kernel_name`` attribute of
     a Pallas TPU kernel, else the ``name`` its backend_config gives: a Pallas GPU / Triton kernel) and, when its
     backend_config carries one, ``("kernel_cost_estimate", (flops, bytes, transcendentals))`` (a Pallas TPU
-    kernel's ``custom_call_config.cost_estimate``: counts over the call's whole shapes).
+    kernel's ``custom_call_config.cost_estimate``: counts over the call's whole shapes), and
+    ``("kernel_config", ((key, value), ...))``: the entries of a cuDNN fused attention call's
+    ``cudnn_fmha_backend_config`` (its mask type, dot dimension numbers, ...: ``_flat_config``).
 
     Raises:
       InputError: a cost estimate whose counts are not non-negative integers.
@@ -498,7 +500,48 @@ def kernel_attributes(attributes: Any, *, where: str) -> tuple[tuple[str, Any], 
             raise InputError(f"{where}: custom_call cost_estimate {json.dumps(estimate)[:200]} is not a set of "
                              "non-negative integer counts (flops, bytes_accessed, transcendentals)")
         found.append(("kernel_cost_estimate", counts))
+    fmha = config.get("cudnn_fmha_backend_config")
+    if isinstance(fmha, dict):
+        found.append(("kernel_config", _flat_config(fmha)))
     return tuple(found)
+
+
+def _flat_config(config: dict[str, Any], prefix: str = "") -> tuple[tuple[str, str], ...]:
+    """A JSON object's leaves as sorted ``(dotted key, text)`` pairs: ``{"a": {"b": [0, 2]}}`` is
+    ``(("a.b", "0,2"),)``. A number is its JSON text whether the JSON wrote it as a number or a string (XLA's
+    proto JSON writes 64-bit integers as strings), a list of scalars its items joined by commas; empty lists,
+    lists of objects and text with control characters (no one Datalog symbol) are left out."""
+    flat: list[tuple[str, str]] = []
+    for key, value in config.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.extend(_flat_config(value, f"{path}."))
+            continue
+        items = value if isinstance(value, list) else [value]
+        if not items or not all(isinstance(item, (str, int, float)) for item in items):
+            continue
+        text = ",".join(item if isinstance(item, str) else json.dumps(item) for item in items)
+        if text.isprintable():
+            flat.append((path, text))
+    return tuple(sorted(flat))
+
+
+# XLA's own placement custom calls (in HLO read back as StableHLO): the memory their result goes to.
+_PLACEMENT_TARGETS = {"MoveToHost": "pinned_host", "MoveToDevice": "device"}
+
+
+def memory_placement(attributes: Any) -> str:
+    """The memory kind a custom call places its result in (``Value.memory_kind``): the ``_xla_buffer_placement``
+    of its ``mhlo.frontend_attributes`` (JAX's ``annotate_device_placement``: ``jax.device_put`` to a memory
+    space inside ``jit``, offloading remat policies), or ``"pinned_host"`` / ``"device"`` for XLA's ``MoveToHost``
+    / ``MoveToDevice``; ``""`` for any other call."""
+    frontend = attributes["mhlo.frontend_attributes"] if "mhlo.frontend_attributes" in attributes else None
+    if isinstance(frontend, ir.DictAttr) and "_xla_buffer_placement" in frontend:
+        placement = decode_attribute(frontend["_xla_buffer_placement"])
+        if isinstance(placement, str):
+            return placement
+    target = decode_attribute(attributes["call_target_name"]) if "call_target_name" in attributes else None
+    return _PLACEMENT_TARGETS.get(target, "") if isinstance(target, str) else ""
 
 
 def _backend_config(attributes: Any) -> dict[str, Any]:
@@ -547,9 +590,15 @@ class _Reader:
         names = ir.AsmState(entry)
         env: dict[Any, int] = {}
         arguments = []
-        for arg in block.arguments:
+        arg_attrs = entry.attributes["arg_attrs"] if "arg_attrs" in entry.attributes else None
+        for index, arg in enumerate(block.arguments):
             name = _name_of_location(arg.location) or arg.get_name(names)
             value = self._new_value(arg, name=name, loc="", what=f"argument {name}")
+            attrs = arg_attrs[index] if arg_attrs is not None and index < len(arg_attrs) else None
+            if attrs is not None and "mhlo.memory_kind" in attrs:  # jit's in_shardings with a memory kind
+                kind = decode_attribute(attrs["mhlo.memory_kind"])
+                if isinstance(kind, str):
+                    self.values[value] = dataclasses.replace(self.values[value], memory_kind=kind)
             env[arg] = value
             arguments.append(value)
         self._walk_block(block, env, names, prefix="", parent=None, depth=0, call_loc="")
@@ -623,6 +672,9 @@ class _Reader:
         if kind == "stablehlo.custom_call":
             attrs = tuple(sorted(attrs + kernel_attributes(mlir_op.attributes, where=loc or self.source),
                                  key=lambda kv: kv[0]))
+            placed = memory_placement(mlir_op.attributes)
+            for value_id in results if placed else ():
+                self.values[value_id] = dataclasses.replace(self.values[value_id], memory_kind=placed)
         regions: list[tuple[int, ...]] = []
         # Reserve the op's slot first so parents precede their children.
         self.ops.append(Op(op_id, kind, operands, results, attrs, loc, parent, ()))

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from toast.cost.hardware import Hardware, load_hardware, memory_limit_gib
+from toast.cost.network import check_slices
 from toast.errors import ToastError
 from toast.output.strategy_file import strategy_json
 from toast.search.base import SearchSettings
@@ -119,7 +120,8 @@ def strategy_document(found: Found, *, source: str) -> dict[str, Any]:
 
 
 def autoshard(fn: Callable[..., Any], *example_args: Any, mesh: str | Mesh, hardware: str | Hardware = "a100_80gb",
-              pinned: Mapping[str, Sequence] | None = None, seed: int = 0, memory_gib: float | None = None,
+              slices: int | None = None, pinned: Mapping[str, Sequence] | None = None, seed: int = 0,
+              memory_gib: float | None = None,
               rollouts: int | None = 2000, seconds: float | None = None, settings: SearchSettings | None = None,
               engine: str = "auto", rules: str | Path | None = None, variant: str = "default") -> Strategy:
     """Find a sharding of ``fn`` for ``mesh`` on ``hardware``.
@@ -129,6 +131,8 @@ def autoshard(fn: Callable[..., Any], *example_args: Any, mesh: str | Mesh, hard
       example_args: its arguments: arrays or ``jax.ShapeDtypeStruct`` (nothing is allocated).
       mesh: ``"batch=4,model=2"`` or a ``toast.Mesh``.
       hardware: a profile name (``hardware/NAME.toml``), a TOML path, or a ``toast.Hardware``.
+      slices: the slices the devices lie on (``toast.Mesh.slices``: TPU slices joined by DCN, the mesh's leading
+        axes across them); default: the ``Mesh``'s own, 1 for a mesh string.
       pinned: argument name -> ``PartitionSpec`` the search must keep (e.g. ``{"tokens": P("batch", None)}``).
       seed: the search's seed (same seed, same strategy, on any number of workers).
       memory_gib: memory per device in GiB (default: the profile's).
@@ -142,14 +146,18 @@ def autoshard(fn: Callable[..., Any], *example_args: Any, mesh: str | Mesh, hard
       the strategy; ``.over_memory`` says when no strategy found fits the memory limit.
 
     Raises:
-      ToastError: ``memory_gib`` NaN, infinite, 0 or less or above 2**30 (before the analysis), a bad mesh or
-        profile, or the analysis's and search's own errors.
+      ToastError: ``memory_gib`` NaN, infinite, 0 or less or above 2**30 (before the analysis), a bad mesh,
+        slices or profile, or the analysis's and search's own errors.
     """
     from toast.analysis.named_dimensions import analyze
 
     memory_gib = memory_limit_gib(memory_gib)  # before the analysis
-    mesh = parse_mesh(mesh) if isinstance(mesh, str) else mesh
+    if isinstance(mesh, str):
+        mesh = parse_mesh(mesh, slices=1 if slices is None else slices)
+    elif slices is not None:
+        mesh = Mesh(mesh.axes, slices)
     profile = hardware if isinstance(hardware, Hardware) else load_hardware(hardware)
+    check_slices(mesh, profile)
     settings = settings or SearchSettings(seed=seed, rollouts=rollouts, seconds=seconds)
     name = getattr(fn, "__name__", "fn")
     analysis = analyze(name, fn=fn, args=list(example_args), engine=engine,  # type: ignore[arg-type]

@@ -44,7 +44,7 @@ def strategy_json(model: ShardingModel, state: ShardingState, actions: Sequence[
         "source": source,
         "fingerprint": program.fingerprint(),
         "variant": str(model.analysis.stats.get("variant", "default")),
-        "mesh": {"axes": [[axis, size] for axis, size in model.mesh.axes]},
+        "mesh": _mesh_json(model.mesh.axes, model.mesh.slices),
         "hardware": hardware.name,
         **({"hardware_profile": hardware.text} if hardware.text else {}),
         "strategy": name,
@@ -94,14 +94,19 @@ def cost_json(cost: Any) -> dict[str, Any]:
     }
 
 
+def _mesh_json(axes: Sequence[tuple[str, int]], slices: int) -> dict[str, Any]:
+    """A document's ``mesh``: its axes, and its slices where there are several (``Mesh.slices``)."""
+    return {"axes": [[axis, size] for axis, size in axes], **({"slices": slices} if slices > 1 else {})}
+
+
 def cost_document(cost: Any, live: Sequence[Any], *, program: str, source: str, hardware: str,
                   mesh_axes: Sequence[tuple[str, int]], strategy: str | None, donate: Sequence[int], overlap: bool,
-                  microbatches: int) -> dict[str, Any]:
+                  microbatches: int, slices: int = 1) -> dict[str, Any]:
     """``toast cost --json``'s document (``schemas/cost.schema.json``): what was priced, how, the cost
     (``cost_json``'s keys) and the ``LiveBuffer``s at the peak."""
     return {
         "program": program, "source": source, "hardware": hardware,
-        "mesh": {"axes": [[axis, size] for axis, size in mesh_axes]},
+        "mesh": _mesh_json(mesh_axes, slices),
         "strategy": strategy, "donate": list(donate), "overlap": overlap, "microbatches": microbatches,
         **cost_json(cost),
         "live_at_peak": [{"value": b.name, "shape": list(b.shape), "dtype": b.dtype, "bytes": b.bytes, "loc": b.loc}
@@ -293,13 +298,14 @@ def strategy_hardware(document: dict[str, Any], *, path: str | Path) -> Hardware
 
 
 def strategy_mesh(document: dict[str, Any], *, path: str | Path) -> Mesh:
-    """The mesh a strategy document was made for."""
+    """The mesh a strategy document was made for, on the slices it records (1 where it records none)."""
     try:
         spec = ",".join(f"{name}={int(size)}" for name, size in document["mesh"]["axes"])
-    except (KeyError, TypeError, ValueError):
+        slices = document["mesh"].get("slices", 1)
+    except (KeyError, TypeError, ValueError, AttributeError):
         raise ToastError(f"{path}: malformed 'mesh' (expected {{\"axes\": [[name, size], ...]}})") from None
     try:
-        return parse_mesh(spec)
+        return parse_mesh(spec, slices=slices)
     except ToastError as err:
         raise ToastError(f"{path}: malformed 'mesh': {err}") from None
 

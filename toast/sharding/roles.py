@@ -16,6 +16,17 @@ Each entry is ``NAME:DIM``: an argument name as ``toast analyze`` prints it (``x
 the dim (0-based) of that argument. A role is one entry or a list of them. The roles are
 ``ROLE_NAMES``; a strategy uses some of them (``toast.sharding.strategies.NEEDS``).
 
+An optional ``[axes]`` table says which mesh axes a role's colors go on, each a list of axis names
+(major to minor), and ``params`` the axes FSDP stores the parameters on: MaxText's batch over
+``data`` x ``fsdp`` with the parameters stored over ``fsdp``::
+
+    [axes]
+    batch = ["data", "fsdp"]
+    params = ["fsdp"]
+
+A role it leaves out takes the strategies' default (``toast.sharding.strategies``: the batch on the
+data axis, the other roles on the model axis, the parameters on the batch's axes).
+
 ``roles_for_input`` finds the roles of what ``toast shard`` reads: an explicit roles file,
 else, for a ``module:function`` input, the file ``<module>.roles.toml`` beside the module
 (the bundled examples ship theirs in ``toast/examples/``); a ``--batch ARG:DIM`` hint gives
@@ -26,8 +37,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
@@ -35,7 +47,9 @@ from toast.errors import ToastError
 from toast.toml_files import read_toml
 
 ROLE_NAMES = ("batch", "heads", "mlp", "sequence")
+AXES_KEYS = (*ROLE_NAMES, "params")  # keys of the [axes] table: the roles, and FSDP's storage axes
 ROLES_SUFFIX = ".roles.toml"
+_AXIS_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # as toast.sharding.mesh spells an axis
 
 PROPOSED_SOURCE = "roles proposed from the analysis"  # Roles.source of toast.sharding.propose's roles
 
@@ -49,10 +63,13 @@ class Roles:
         matches whole argument names with ``*`` for any characters; ``dim`` indexes the
         argument's shape from 0. Stored as a read-only mapping of tuples.
       source: where the roles come from, for messages: a file path, ``--batch x:0``.
+      axes: ``AXES_KEYS`` entry -> the mesh axes it uses, major to minor (``{"batch": ("data", "fsdp"),
+        "params": ("fsdp",)}``); a key left out takes the strategies' default. Stored read-only.
     """
 
     dims: Mapping[str, Sequence[tuple[str, int]]]
     source: str = "the roles given"
+    axes: Mapping[str, Sequence[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         checked = {}
@@ -64,17 +81,42 @@ class Roles:
                     raise ToastError(f"{self.source}: role '{role}': {pair!r} is not (argument name, dim >= 0)")
             checked[role] = tuple(pairs)
         object.__setattr__(self, "dims", MappingProxyType(checked))
+        axes = {}
+        for key, names in self.axes.items():
+            axes[key] = _checked_axes(key, names, self.source)
+        object.__setattr__(self, "axes", MappingProxyType(axes))
 
     def get(self, role: str) -> tuple[tuple[str, int], ...]:
         """The ``(pattern, dim)`` pairs of ``role``; empty when the roles lack it."""
         return tuple(self.dims.get(role, ()))
+
+    def axes_of(self, key: str) -> tuple[str, ...]:
+        """The mesh axes ``key`` (a role or ``params``) uses; empty where the roles leave it to the default."""
+        return tuple(self.axes.get(key, ()))
 
     def to_toml(self) -> str:
         """The roles as a roles file (``load_roles`` reads it back to equal roles), headed by their source."""
         lines = [f"# {line}" for line in self.source.splitlines()] + ["[roles]"]
         lines += [f"{role} = [{', '.join(json.dumps(f'{name}:{dim}') for name, dim in self.dims[role])}]"
                   for role in ROLE_NAMES if role in self.dims]
+        if self.axes:
+            lines += ["", "[axes]"] + [f"{key} = [{', '.join(json.dumps(a) for a in self.axes[key])}]"
+                                       for key in AXES_KEYS if key in self.axes]
         return "\n".join(lines) + "\n"
+
+
+def _checked_axes(key: str, names: object, source: str) -> tuple[str, ...]:
+    """An ``[axes]`` entry as a tuple of distinct axis names; a one-line error naming ``source`` otherwise."""
+    if key not in AXES_KEYS:
+        raise ToastError(f"{source}: [axes] has unknown key '{key}' (known: {', '.join(AXES_KEYS)})")
+    if isinstance(names, str):
+        names = (names,)
+    if (not isinstance(names, list | tuple) or not names
+            or not all(isinstance(n, str) and _AXIS_NAME.match(n) for n in names)):
+        raise ToastError(f"{source}: [axes] {key} should be a list of mesh axis names, e.g. [\"data\", \"fsdp\"]")
+    if len(set(names)) < len(names):
+        raise ToastError(f"{source}: [axes] {key} names a mesh axis twice")
+    return tuple(names)
 
 
 def _check_role_name(role: str, source: str) -> None:
@@ -108,10 +150,12 @@ def load_roles(path: str | Path) -> Roles:
     if not path.is_file():
         raise ToastError(f"{path}: no such roles file")
     data = read_toml(path, what="roles file")
-    unknown = sorted(set(data) - {"roles"})
-    if unknown or not isinstance(data.get("roles"), dict):
-        found = f"unknown key '{unknown[0]}'" if unknown else "no [roles] table"
-        raise ToastError(f"{path}: {found}; a roles file has one [roles] table, e.g. batch = [\"x:0\"]")
+    unknown = sorted(set(data) - {"roles", "axes"})
+    if unknown or not isinstance(data.get("roles"), dict) or not isinstance(data.get("axes", {}), dict):
+        found = (f"unknown key '{unknown[0]}'" if unknown else "no [roles] table" if "roles" not in data
+                 else "'roles' is not a table" if not isinstance(data["roles"], dict) else "'axes' is not a table")
+        raise ToastError(f"{path}: {found}; a roles file has one [roles] table, e.g. batch = [\"x:0\"], and may "
+                         "have an [axes] table, e.g. batch = [\"data\", \"fsdp\"]")
     dims = {}
     for role, entries in data["roles"].items():
         _check_role_name(role, str(path))
@@ -120,7 +164,7 @@ def load_roles(path: str | Path) -> Roles:
         if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries):
             raise ToastError(f"{path}: role '{role}' should be a list of \"NAME:DIM\" strings")
         dims[role] = tuple(_parse_role_dim(entry, where=f"{path}: role '{role}'") for entry in entries)
-    return Roles(dims, source=str(path))
+    return Roles(dims, source=str(path), axes=data.get("axes", {}))
 
 
 def _roles_beside_module(source: str) -> Path | None:
@@ -158,4 +202,4 @@ def roles_for_input(source: str, *, roles_path: str | Path | None = None, batch:
         return roles
     hint = f"--batch {batch}"
     dims = {**roles.dims, "batch": (_parse_role_dim(batch, where="--batch"),)}
-    return Roles(dims, source=f"{roles.source} with {hint}" if path is not None else hint)
+    return Roles(dims, source=f"{roles.source} with {hint}" if path is not None else hint, axes=roles.axes)

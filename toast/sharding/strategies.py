@@ -24,11 +24,16 @@ program beyond argument names; ``NEEDS`` says which roles each one needs.
 Axes are chosen by name, as meshes are usually named: the data axis is the one named
 ``batch``, ``data`` or ``dp`` (else the first axis); the model axis is the one named
 ``model``, ``tensor``, ``tp`` or ``mp`` (for ``sequence`` also ``sequence``, ``seq``, ``sp``
-or ``context``), else the first axis that is not the data axis.
+or ``context``), else the first axis that is not the data axis. A roles file's ``[axes]`` table
+(``Roles.axes``) says otherwise, role by role, and may name several axes: ``batch = ["data",
+"fsdp"]`` puts the batch color on both (one action per axis, a dim split over ``data`` x ``fsdp``),
+and ``params = ["fsdp"]`` stores FSDP's parameters over those axes (by default, the batch's); the
+model axis is then the first one the batch does not use.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -38,6 +43,7 @@ import numpy as np
 
 from toast.analysis.named_dimensions import Analysis
 from toast.errors import ToastError
+from toast.sharding.carry import carried_nodes
 from toast.sharding.mesh import Mesh
 from toast.sharding.roles import PROPOSED_SOURCE, Roles
 from toast.sharding.state import Action, InvalidState, ShardingModel, ShardingState, ShardNodes
@@ -65,13 +71,19 @@ def check_strategy(name: str, *, roles: Roles | None, mesh: Mesh) -> None:
 
     Raises:
       ToastError: one line: an unknown strategy, a one-axis mesh for a strategy that needs two,
-        or a role the strategy needs (``NEEDS``) that ``roles`` lack.
+        a role the strategy needs (``NEEDS``) that ``roles`` lack, or an ``[axes]`` entry naming an axis the
+        mesh lacks.
     """
     parts = strategy_parts(name)
     if any(part in TWO_AXES for part in parts) and len(mesh.names) < 2:
         raise ToastError(f"strategy '{name}' needs a mesh with two axes, e.g. batch=4,model=2")
     if roles is None:
         return
+    for key, axes in roles.axes.items():
+        for axis in axes:
+            if axis not in mesh.names:
+                raise ToastError(f"{roles.source}: [axes] {key} names mesh axis '{axis}', which the mesh "
+                                 f"{mesh.spec()} lacks")
     needs = dict.fromkeys(alternatives for part in parts for alternatives in NEEDS[part])
     for alternatives in needs:
         if not any(roles.get(role) for role in alternatives):
@@ -133,11 +145,20 @@ def _data_axis(mesh: Mesh) -> str:
     return next((axis for axis in mesh.names if axis in DATA_AXIS_NAMES), mesh.names[0])
 
 
-def _model_axis(mesh: Mesh, preferred: tuple[str, ...], *, data_axis: str) -> str:
+def _model_axis(mesh: Mesh, preferred: tuple[str, ...], *, data_axes: Sequence[str]) -> str:
     """The mesh axis model parallelism uses: the first ``preferred`` name the mesh has, else
-    the first axis other than ``data_axis``."""
-    others = [axis for axis in mesh.names if axis != data_axis]
+    the first axis other than ``data_axes`` (the batch's)."""
+    others = [axis for axis in mesh.names if axis not in data_axes]
+    if not others:
+        raise ToastError(f"the batch takes every axis of mesh {mesh.spec()} ({', '.join(data_axes)}); the model "
+                         "roles need one it leaves, or their own in the roles' [axes] table")
     return next((axis for name in preferred for axis in others if axis == name), others[0])
+
+
+def _role_axes(model: ShardingModel, roles: Roles, role: str, preferred: tuple[str, ...],
+               data_axes: Sequence[str]) -> tuple[str, ...]:
+    """The mesh axes of a model role (heads, mlp, sequence): the roles' ``[axes]`` entry, else the model axis."""
+    return roles.axes_of(role) or (_model_axis(model.mesh, preferred, data_axes=data_axes),)
 
 
 def manual_strategy(model: ShardingModel, name: str, roles: Roles
@@ -155,11 +176,12 @@ def manual_strategy(model: ShardingModel, name: str, roles: Roles
     if not any(_argument_dims(analysis, pattern, dim) for pairs in roles.dims.values() for pattern, dim in pairs):
         raise ToastError(f"{roles.source}: no entry names an argument dim of {analysis.program.name} "
                          f"({_some_arguments(analysis)})")
-    first = _data_axis(model.mesh)
-    planned: list[tuple[str, Action]] = [("batch", Action(c, first)) for c in role_colors(analysis, roles, "batch")]
+    batch_axes = roles.axes_of("batch") or (_data_axis(model.mesh),)
+    planned: list[tuple[str, Action]] = [("batch", Action(c, axis)) for c in role_colors(analysis, roles, "batch")
+                                         for axis in batch_axes]
     for part, colors_on_second_axis in _SECOND_AXIS.items():  # a composite: its parts' actions, in this order
         if part in parts:
-            planned += colors_on_second_axis(model, roles, first)
+            planned += colors_on_second_axis(model, roles, batch_axes)
     state = model.initial()
     roles_on: dict[str, list[str]] = {}  # mesh axis -> the roles placed on it so far
     for role, action in planned:
@@ -174,24 +196,25 @@ def manual_strategy(model: ShardingModel, name: str, roles: Roles
     actions: list[Action | ShardNodes] = [action for _, action in planned]
     for part, stored in _STORED_ON_DATA_AXIS.items():  # after the color actions: on what they left whole
         if part in parts:
-            parameters = stored(model, first, state=state)
+            parameters = stored(model, roles.axes_of("params") or batch_axes, state=state, data_axes=batch_axes)
             state = _apply_nodes(model, state, parameters)
             actions += parameters
     return state, tuple(actions)
 
 
-def _megatron(model: ShardingModel, roles: Roles, data_axis: str) -> list[tuple[str, Action]]:
+def _megatron(model: ShardingModel, roles: Roles, data_axes: Sequence[str]) -> list[tuple[str, Action]]:
     """The heads and MLP hidden colors along the model axis (Megatron-LM's tensor parallelism)."""
-    second = _model_axis(model.mesh, MODEL_AXIS_NAMES, data_axis=data_axis)
-    return [(role, Action(c, second)) for role in ("heads", "mlp") if roles.get(role)
-            for c in role_colors(model.analysis, roles, role)]
+    return [(role, Action(c, axis)) for role in ("heads", "mlp") if roles.get(role)
+            for c in role_colors(model.analysis, roles, role)
+            for axis in _role_axes(model, roles, role, MODEL_AXIS_NAMES, data_axes)]
 
 
-def _sequence(model: ShardingModel, roles: Roles, data_axis: str) -> list[tuple[str, Action]]:
+def _sequence(model: ShardingModel, roles: Roles, data_axes: Sequence[str]) -> list[tuple[str, Action]]:
     """The sequence color along the model (sequence) axis, resolution bits 1 (Figure 5b's sharding)."""
-    second = _model_axis(model.mesh, SEQUENCE_AXIS_NAMES, data_axis=data_axis)
+    axes = _role_axes(model, roles, "sequence", SEQUENCE_AXIS_NAMES, data_axes)
     ones = (1,) * model.analysis.conflicts.resolution_bits
-    return [("sequence", Action(c, second, ones)) for c in role_colors(model.analysis, roles, "sequence")]
+    return [("sequence", Action(c, axis, ones)) for c in role_colors(model.analysis, roles, "sequence")
+            for axis in axes]
 
 
 def _apply_nodes(model: ShardingModel, state: ShardingState, actions: Sequence[ShardNodes]) -> ShardingState:
@@ -292,35 +315,49 @@ def _update_chains(analysis: Analysis) -> dict[int, UpdateChain]:
 
 def stored_nodes(analysis: Analysis, value_id: int, dim: int, chain: UpdateChain) -> set[int]:
     """The dimension-graph nodes that storing argument ``value_id`` split on ``dim`` shards: its own dim,
-    its update chain's, and the returned new value's."""
+    its update chain's, the returned new value's, and where they are carried through loops (the layer-stacked
+    parameter of a scan, its slice per iteration, its gradient's accumulator: ``toast.sharding.carry``)."""
     names = analysis.names
-    nodes = {int(analysis.node_of[names.def_base[value_id] + dim])}
-    nodes.update(int(analysis.node_of[names.def_base[v] + dim]) for v in chain.values)
+    own = {int(analysis.node_of[names.def_base[value_id] + dim])}
+    nodes = {int(analysis.node_of[names.def_base[v] + dim]) for v in chain.values}
     nodes.update(int(analysis.node_of[names.use_name(op_id, index, dim)]) for op_id, index in chain.returns)
-    return nodes
+    # Through loops: the carried stack, each iteration's slice, the gradient accumulator (toast.sharding.carry).
+    carried = carried_nodes(analysis, forward_from=own, backward_from=nodes)
+    return own | nodes | carried
 
 
-def fsdp_actions(model: ShardingModel, axis: str, *, state: ShardingState) -> list[ShardNodes]:
-    """One node action per parameter (ZeRO-3 on ``axis``): a floating-point argument that ``state``
-    leaves unsplit along ``axis`` (the inputs the batch role splits are data, not parameters), stored
-    split on its largest dim that ``state`` leaves whole and ``axis`` divides."""
+def fsdp_actions(model: ShardingModel, axis: str | Sequence[str], *, state: ShardingState,
+                 data_axes: Sequence[str] = ()) -> list[ShardNodes]:
+    """Node actions storing every parameter split (ZeRO-3 on ``axis``, or on several axes: one dim split over
+    all of them, major to minor, one action per axis): a floating-point argument that ``state`` leaves unsplit
+    along ``data_axes`` (default: the storage axes; the inputs the batch role splits are data, not
+    parameters), stored split on its largest dim that ``state`` leaves whole and the axes divide; where no dim
+    is divisible by every axis, over as many of the leading ones as divide one. An axis that already splits the
+    parameter (a Megatron-split weight) is left out for it."""
     analysis = model.analysis
     program, names = analysis.program, analysis.names
-    size = model.mesh.size(axis)
+    mesh = model.mesh
+    axes = (axis,) if isinstance(axis, str) else tuple(axis)
+    data_bits = sum(1 << mesh.index(a) for a in (data_axes or axes))
     actions = []
     for value_id, chain in update_chains(analysis).items():
         value = program.values[value_id]
         base = names.def_base[value_id]
         masks = state.masks[base:base + len(value.shape)]
-        if (masks & (1 << model.mesh.index(axis))).any():
+        if (masks & data_bits).any():
             continue  # data the batch role shards, not a parameter
-        dims = [d for d in sorted(range(len(value.shape)), key=lambda d: -value.shape[d])
-                if value.shape[d] % size == 0 and not masks[d]]
-        if not dims:
+        free = [a for a in axes if not (masks & (1 << mesh.index(a))).any()]
+        for count in range(len(free), 0, -1):
+            size = math.prod(mesh.size(a) for a in free[:count])
+            dims = [d for d in sorted(range(len(value.shape)), key=lambda d: -value.shape[d])
+                    if value.shape[d] % size == 0 and not masks[d]]
+            if dims:
+                break
+        else:
             continue
-        nodes = stored_nodes(analysis, value_id, dims[0], chain)
+        nodes = tuple(sorted(stored_nodes(analysis, value_id, dims[0], chain)))
         label = f"{value.name}:{dims[0]}" + (" and its update" if chain.returns else "")
-        actions.append(ShardNodes(tuple(sorted(nodes)), axis, label))
+        actions += [ShardNodes(nodes, a, label) for a in free[:count]]
     return actions
 
 

@@ -3,6 +3,7 @@ mesh axes its device groups vary along and its per-device bytes. Runs in the che
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -49,7 +50,9 @@ def hlo_collectives(hlo_module: Any, mesh_axes: Sequence[tuple[str, int]]) -> li
     names (unique in a module) deduplicate the wrapped computation's own copy.
     """
     found: dict[str, XlaCollective] = {}
+    in_loops = _loop_computations(hlo_module)
     for computation in hlo_module.computations():
+        in_loop = computation.name in in_loops
         for instruction in computation.instructions():
             opcode = _opcode_name(instruction)
             if opcode == "AsyncStart":
@@ -58,8 +61,37 @@ def hlo_collectives(hlo_module: Any, mesh_axes: Sequence[tuple[str, int]]) -> li
             if opcode in _COLLECTIVE_KINDS:
                 name = instruction.name
                 if name not in found:
-                    found[name] = _collective(instruction, opcode, mesh_axes)
+                    found[name] = dataclasses.replace(_collective(instruction, opcode, mesh_axes), in_loop=in_loop)
     return list(found.values())
+
+
+# Attributes of an HLO instruction that name the computations it runs.
+_CALLED = ("body", "condition", "calls", "to_apply", "branch_computations", "true_computation", "false_computation")
+
+
+def _loop_computations(hlo_module: Any) -> set[str]:
+    """The names of the computations a ``while`` runs, directly (its body and condition) or through calls."""
+    called: dict[str, list[str]] = {}
+    roots: list[str] = []
+    for computation in hlo_module.computations():
+        targets = called.setdefault(computation.name, [])
+        for instruction in computation.instructions():
+            opcode = _opcode_name(instruction)
+            if opcode not in ("While", "Call", "Conditional", "Fusion", "AsyncStart"):
+                continue
+            attributes = parse_instruction(instruction.to_string()).attributes
+            names = [name.strip().lstrip("%") for key in _CALLED for name in
+                     attributes.get(key, "").strip("{}").split(",") if name.strip()]
+            if opcode == "While":
+                roots.extend(names)
+            targets.extend(names)
+    inside: set[str] = set()
+    while roots:
+        name = roots.pop()
+        if name not in inside:
+            inside.add(name)
+            roots.extend(called.get(name, ()))
+    return inside
 
 
 def _collective(instruction: Any, opcode: str, mesh_axes: Sequence[tuple[str, int]]) -> XlaCollective:

@@ -86,6 +86,7 @@ class XlaCollective:
       name: the instruction's name in the HLO module.
       parts: ``(bytes_in, bytes_out)`` per operand when XLA combined several collectives into
         one variadic instruction (its all-reduce/all-gather combiners), else one pair.
+      in_loop: it runs in a ``while`` loop's body (once per iteration), directly or in a computation called there.
     """
 
     kind: str
@@ -97,6 +98,7 @@ class XlaCollective:
     bytes_out: int
     name: str
     parts: tuple[tuple[int, int], ...] = ()
+    in_loop: bool = False
 
 
 @dataclass(frozen=True)
@@ -141,7 +143,8 @@ def report_from_json(reply: dict[str, Any]) -> XlaReport:
             XlaCollective(kind=c["kind"], axes=tuple(c["axes"]), groups=tuple(tuple(g) for g in c["groups"]),
                           dtype=c["dtype"], shape=tuple(c["shape"]), bytes_in=int(c["bytes_in"]),
                           bytes_out=int(c["bytes_out"]), name=c["name"],
-                          parts=tuple((int(i), int(o)) for i, o in c.get("parts", ())))
+                          parts=tuple((int(i), int(o)) for i, o in c.get("parts", ())),
+                          in_loop=bool(c.get("in_loop", False)))
             for c in reply["collectives"]
         ),
         memory={str(k): int(v) for k, v in reply["memory"].items()},

@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from toast.cost.collectives import Collective
 from toast.cost.hardware import Hardware
 from toast.cost.model import CostModel
@@ -42,14 +44,16 @@ class Transfer:
     axes: tuple[str, ...]
     bytes_in: int
     bytes_out: int
+    in_loop: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class KindRow:
-    """One row of the agreement table: the collectives of one kind over one set of axes.
+    """One row of the agreement table: the collectives of one kind over one set of axes, in loop bodies or not.
 
     Attributes:
       kind, axes: the collective kind and its mesh axes.
+      in_loop: the row's collectives run in a ``while`` body, once per iteration (both sides count each once).
       predicted, xla: how many each side has.
       predicted_bytes, xla_bytes: their total per-device output bytes.
       matched: pairs within the tolerance.
@@ -62,6 +66,7 @@ class KindRow:
     predicted_bytes: int
     xla_bytes: int
     matched: int
+    in_loop: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +75,7 @@ class Agreement:
 
     Attributes:
       numerics: the sharded run against the unsharded reference.
-      rows: per (kind, axes), sorted.
+      rows: per (kind, axes, in a loop body or not), sorted.
       matched: matched pairs over all rows.
       predicted_count, xla_count: collectives on each side (XLA's combined ones split).
       predicted_peak_bytes: the cost model's peak memory per device.
@@ -129,17 +134,19 @@ def xla_transfers(report: XlaReport) -> list[Transfer]:
     found: list[Transfer] = []
     for collective in report.collectives:
         parts = collective.parts or ((collective.bytes_in, collective.bytes_out),)
-        found.extend(Transfer(collective.kind, collective.axes, i, o) for i, o in parts)
+        found.extend(Transfer(collective.kind, collective.axes, i, o, collective.in_loop) for i, o in parts)
     return found
 
 
-def predicted_transfers(collectives: Sequence[Collective], *, reduce_scatter: bool = False) -> list[Transfer]:
-    """The predicted collectives as compared. Unless ``reduce_scatter``, a reduce-scatter is
-    compared as the all-reduce of its input that XLA's CPU pipeline leaves in its place (the
-    partitioner writes all-reduce + dynamic-slice; only the GPU and TPU pipelines run the
-    ``ReduceScatterCreator`` pass that fuses the two)."""
-    return [Transfer("all-reduce", c.axes, c.bytes_in, c.bytes_in) if c.kind == "reduce-scatter" and not reduce_scatter
-            else Transfer(c.kind, c.axes, c.bytes_in, c.bytes_out) for c in collectives]
+def predicted_transfers(collectives: Sequence[Collective], *, reduce_scatter: bool = False,
+                        loop_ops: frozenset[int] = frozenset()) -> list[Transfer]:
+    """The predicted collectives as compared; those of the ops in ``loop_ops`` run in a loop body. Unless
+    ``reduce_scatter``, a reduce-scatter is compared as the all-reduce of its input that XLA's CPU pipeline leaves
+    in its place (the partitioner writes all-reduce + dynamic-slice; only the GPU and TPU pipelines run the
+    ``ReduceScatterCreator`` pass that fuses the two): toast prices the accelerators' reduce-scatter."""
+    return [Transfer("all-reduce", c.axes, c.bytes_in, c.bytes_in, c.op in loop_ops)
+            if c.kind == "reduce-scatter" and not reduce_scatter
+            else Transfer(c.kind, c.axes, c.bytes_in, c.bytes_out, c.op in loop_ops) for c in collectives]
 
 
 def _close(predicted: int, actual: int, tolerance: float) -> bool:
@@ -165,21 +172,23 @@ def match_count(predicted: Sequence[Transfer], actual: Sequence[Transfer], *, to
 
 
 def compare(collectives: Sequence[Collective], predicted_peak_bytes: int, report: XlaReport, *,
-            tolerance: float = DEFAULT_TOLERANCE, reduce_scatter: bool = False) -> Agreement:
-    """Set predicted collectives and peak memory against what XLA compiled (``reduce_scatter``:
-    see ``predicted_transfers``; true for a backend that forms reduce-scatters)."""
-    predicted = predicted_transfers(collectives, reduce_scatter=reduce_scatter)
+            tolerance: float = DEFAULT_TOLERANCE, reduce_scatter: bool = False,
+            loop_ops: frozenset[int] = frozenset()) -> Agreement:
+    """Set predicted collectives and peak memory against what XLA compiled (``reduce_scatter``, ``loop_ops``:
+    see ``predicted_transfers``; true for a backend that forms reduce-scatters). A collective in a loop body
+    matches only one in a loop body."""
+    predicted = predicted_transfers(collectives, reduce_scatter=reduce_scatter, loop_ops=loop_ops)
     actual = xla_transfers(report)
     live = report.live_peak
-    groups: dict[tuple[str, tuple[str, ...]], tuple[list[Transfer], list[Transfer]]] = {}
+    groups: dict[tuple[bool, str, tuple[str, ...]], tuple[list[Transfer], list[Transfer]]] = {}
     for transfer in predicted:
-        groups.setdefault((transfer.kind, transfer.axes), ([], []))[0].append(transfer)
+        groups.setdefault((transfer.in_loop, transfer.kind, transfer.axes), ([], []))[0].append(transfer)
     for transfer in actual:
-        groups.setdefault((transfer.kind, transfer.axes), ([], []))[1].append(transfer)
+        groups.setdefault((transfer.in_loop, transfer.kind, transfer.axes), ([], []))[1].append(transfer)
     rows = []
-    for (kind, axes), (ours, theirs) in sorted(groups.items()):
+    for (in_loop, kind, axes), (ours, theirs) in sorted(groups.items()):
         rows.append(KindRow(kind, axes, len(ours), len(theirs), sum(t.bytes_out for t in ours),
-                            sum(t.bytes_out for t in theirs), match_count(ours, theirs, tolerance=tolerance)))
+                            sum(t.bytes_out for t in theirs), match_count(ours, theirs, tolerance=tolerance), in_loop))
     return Agreement(
         numerics=report.numerics,
         rows=tuple(rows),
@@ -199,8 +208,9 @@ def compare(collectives: Sequence[Collective], predicted_peak_bytes: int, report
 def format_agreement(agreement: Agreement) -> str:
     """The agreement table and its summary lines, as ``toast validate`` prints them."""
     header = ("collective", "axes", "predicted", "XLA", "pred bytes", "XLA bytes", f"within {agreement.tolerance:.0%}")
-    body = [(r.kind, "+".join(r.axes) or "-", str(r.predicted), str(r.xla), str(r.predicted_bytes), str(r.xla_bytes),
-             str(r.matched)) for r in agreement.rows]
+    # A loop body's collectives run once per iteration; their bytes are one iteration's.
+    body = [(r.kind + (" (loop body)" if r.in_loop else ""), "+".join(r.axes) or "-", str(r.predicted), str(r.xla),
+             str(r.predicted_bytes), str(r.xla_bytes), str(r.matched)) for r in agreement.rows]
     widths = [max(len(row[k]) for row in [header, *body]) for k in range(len(header))]
     lines = ["  ".join(cell.ljust(width) if k < 2 else cell.rjust(width) for k, (cell, width) in
                        enumerate(zip(row, widths, strict=True))).rstrip() for row in [header, *body]]
@@ -247,7 +257,8 @@ def validate(model: ShardingModel, state: ShardingState, hardware: Hardware, *, 
     cost = cost_model.evaluate(state)
     text = sharded_module_text(model, state, communication=cost_model.communication)
     report = check_sharded_module(text, model.mesh.axes, seed=seed, timeout_s=timeout_s)
-    return compare(cost.collectives, cost.peak_bytes, report, tolerance=tolerance)
+    loop_ops = frozenset(np.flatnonzero(cost_model.op_in_loop).tolist())
+    return compare(cost.collectives, cost.peak_bytes, report, tolerance=tolerance, loop_ops=loop_ops)
 
 
 def agreement_json(agreement: Agreement) -> dict[str, Any]:
@@ -260,7 +271,8 @@ def agreement_json(agreement: Agreement) -> dict[str, Any]:
                                 "max_abs_error": e.max_abs_error, "scale": e.scale,
                                 "nan_mismatches": e.nan_mismatches} for e in agreement.numerics.worst]},
         "collectives": [{"kind": r.kind, "axes": list(r.axes), "predicted": r.predicted, "xla": r.xla,
-                         "predicted_bytes": r.predicted_bytes, "xla_bytes": r.xla_bytes, "matched": r.matched}
+                         "predicted_bytes": r.predicted_bytes, "xla_bytes": r.xla_bytes, "matched": r.matched,
+                         "in_loop": r.in_loop}
                         for r in agreement.rows],
         "matched": agreement.matched,
         "predicted_count": agreement.predicted_count,

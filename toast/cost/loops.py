@@ -1,0 +1,217 @@
+"""Collectives in loop bodies, overlapped as XLA's collective pipeliner and latency-hiding scheduler overlap them.
+
+A model whose layers run under ``jax.lax.scan`` with FSDP gathers each layer's weight slice in the loop body and
+reduce-scatters each layer's gradient there (``toast.sharding.carry``). XLA does not wait for them where they
+are issued:
+
+- **prefetched**: a collective whose operand the iteration does not compute from the loop's varying carry (a
+  slice of a carried, unchanged parameter stack at the loop counter) is started one iteration early (XLA's
+  ``CollectivePipeliner`` moves it forward; the next layer's gather runs under this layer's compute). Only the
+  first iteration's waits for it.
+- **deferred**: a reduction whose result the iteration only writes into its carry (a gradient
+  ``dynamic_update_slice``-d into the accumulator stack, through reshapes and converts, or added to a carried
+  sum) finishes during the next iteration (the pipeliner moves it backward); only the last one's is exposed.
+- **in the iteration**: the others (a tensor-parallel all-reduce between two layers' matmuls) run on the
+  communication stream from when their operand is made to where it is read, within the iteration
+  (``CostModel._makespan`` over the body's kernels).
+
+One iteration then takes ``max(its compute with the in-iteration waits, all its collectives back to back)``
+(both streams in steady state): the exposed part per iteration is that minus its compute; each entry into the
+loop adds its first prefetch and its last deferred reduction once. ``LoopOverlap.exposed`` gives each loop
+collective's exposed seconds for a step; the rest is hidden.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from toast.cost.kernels import KernelPlan
+from toast.frontend.ir import TERMINATORS
+
+# Ops through which a reduced gradient is only stored into a loop's carry (besides the rules' keeps_elements).
+_STORES = frozenset({"stablehlo.dynamic_update_slice", "stablehlo.add", "func.return", "stablehlo.return"})
+
+Makespan = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray], tuple[float, np.ndarray]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Body:
+    """One loop body: its kernels (all depths, program order), their runs per iteration, entries per step."""
+
+    kernels: np.ndarray  # int64[k]
+    per_iteration: np.ndarray  # float64[k]: runs of each kernel per iteration of this loop
+    iterations: float  # iterations per step (all entries)
+    entries: float  # entries per step (the trip counts of the loops around it)
+
+
+class LoopOverlap:
+    """Static facts about a program's loops for pricing the collectives in their bodies.
+
+    Args:
+      plan: the kernel plan (kernels, loops, scopes, reads).
+      keeps_elements: the rules' kinds whose result holds operand 0's elements (reshape, convert, ...).
+    """
+
+    def __init__(self, plan: KernelPlan, *, keeps_elements: frozenset[str]):
+        program = plan.program
+        ops, values = program.ops, program.values
+        self.plan = plan
+        loop_of_op = np.asarray([plan.enclosing_loop(op.id) for op in ops], dtype=np.int64)
+        self.loop_of_op = loop_of_op
+        # The loop whose body holds each value's definition (-1: top level); a while's body block arguments: it.
+        loop_of_value = np.full(len(values), -1, dtype=np.int64)
+        for op in ops:
+            for value_id in op.results:
+                loop_of_value[value_id] = loop_of_op[op.id]
+            for args in op.regions:
+                loop_of_value[list(args)] = op.id if op.id in plan.loops else loop_of_op[op.id]
+        self.loop_of_value = loop_of_value
+        self.varying = self._varying(program, loop_of_value)
+        self.feeds_carry = self._feeds_carry(program, loop_of_op, keeps_elements)
+        # Each kernel's first reader per value (through buffers): where a reduction's result is needed.
+        read_kernel, read_value, _ = plan.reads
+        first_read = np.full(len(values), len(plan.kernels), dtype=np.int64)
+        np.minimum.at(first_read, np.asarray(plan.root, dtype=np.int64)[read_value], read_kernel)
+        self.first_read_kernel = first_read[np.asarray(plan.root, dtype=np.int64)]
+        self.bodies: dict[int, _Body] = {}
+        kernel_loops = [plan.enclosing_loop(k.ops[-1]) for k in plan.kernels]
+        members: dict[int, list[int]] = {}
+        for index, loop in enumerate(kernel_loops):
+            while loop >= 0:
+                members.setdefault(loop, []).append(index)
+                loop = plan.enclosing_loop(loop)
+        repeats = np.asarray([k.repeats for k in plan.kernels], dtype=np.float64)
+        for loop, kernels in members.items():
+            iterations = float(plan.repeats_in(loop))
+            chosen = np.asarray(kernels, dtype=np.int64)
+            self.bodies[loop] = _Body(chosen, repeats[chosen] / iterations, iterations,
+                                      iterations / plan.loops[loop].trip_count)
+
+    @staticmethod
+    def _varying(program, loop_of_value: np.ndarray) -> np.ndarray:
+        """``bool[values]``: made, in its loop's body, from what the loop changes from one iteration to the next
+        (a carried tensor the body returns changed; not the scalar counter, not a passed-through stack)."""
+        ops, values = program.ops, program.values
+        varying = np.zeros(len(values), dtype=bool)
+        returned: dict[tuple[int, int], tuple[int, ...]] = {}
+        for op in ops:
+            if op.kind in TERMINATORS and op.parent is not None:
+                returned[op.parent] = op.operands
+        for op in ops:
+            if op.kind == "stablehlo.while" and len(op.regions) >= 2:
+                body = op.regions[1]
+                out = returned.get((op.id, 1), ())
+                for index, arg in enumerate(body):
+                    changed = index < len(out) and out[index] != arg
+                    varying[arg] = changed and bool(values[arg].shape)
+            elif op.regions:  # a call's (or a branch's) arguments: as its operands, within the same loop
+                for args in op.regions:
+                    for arg, operand in zip(args, op.operands, strict=False):
+                        varying[arg] = varying[operand] and loop_of_value[operand] == loop_of_value[arg]
+            if op.results and op.operands:
+                # From a varying operand of the same loop's body (one made outside it is invariant here).
+                made_here = [varying[v] and loop_of_value[v] == loop_of_value[op.results[0]] for v in op.operands]
+                if any(made_here) or (op.kind == "stablehlo.while" and any(varying[v] for v in op.operands)):
+                    varying[list(op.results)] = True
+        return varying
+
+    @staticmethod
+    def _feeds_carry(program, loop_of_op: np.ndarray, keeps_elements: frozenset[str]) -> np.ndarray:
+        """``bool[values]``: in a loop body, every use of the value (through reshapes, converts, calls' returns)
+        only stores it into the loop's carry: the body's return, a ``dynamic_update_slice``, an add."""
+        ops, values = program.ops, program.values
+        users: dict[int, list[int]] = {}
+        for op in ops:
+            for value_id in op.operands:
+                users.setdefault(value_id, []).append(op.id)
+        feeds = np.zeros(len(values), dtype=bool)
+        # Backwards in program order, a value's users come first (a call's arguments after its body); a call's
+        # results come before its return, so the pass repeats (once per level of nested calls) until nothing
+        # changes.
+        for _ in range(8):
+            before = feeds.copy()
+            for op in reversed(ops):
+                if loop_of_op[op.id] < 0 and op.kind != "stablehlo.while":
+                    continue
+                for value_id in (*op.results, *(v for args in op.regions for v in args)):
+                    found = users.get(value_id, [])
+                    feeds[value_id] = bool(found) and all(
+                        _stores(ops[u], value_id, ops, values, keeps_elements, feeds) for u in found)
+            if np.array_equal(before, feeds):
+                break
+        return feeds
+
+    def exposed(self, kernel_seconds: np.ndarray, op: np.ndarray, value: np.ndarray, operand: np.ndarray,
+                durations: np.ndarray, makespan: Makespan, axes_mask: np.ndarray) -> np.ndarray:
+        """``float64[rows]``: the seconds of one step each loop-body collective leaves exposed.
+
+        Args:
+          kernel_seconds: ``float64[kernels]``, one launch of each kernel.
+          op, value, operand: ``int64[rows]``, each collective's op, value and operand (``-1``: a reduction of the
+            op's result).
+          durations: ``float64[rows]``, one run of each.
+          makespan: ``CostModel._makespan``.
+          axes_mask: ``int64[rows]``.
+        """
+        exposed = np.zeros(len(op))
+        loops = self.loop_of_op[op]
+        for loop in np.unique(loops).tolist():
+            rows = np.flatnonzero(loops == loop)
+            body = self.bodies.get(loop)
+            if body is None:  # a loop without kernels: its collectives wait, as before
+                exposed[rows] = durations[rows] * self.plan.repeats_in(loop)
+                continue
+            is_use = operand[rows] >= 0
+            row_values = value[rows]
+            prefetched = is_use & ~(self.varying[row_values] & (self.loop_of_value[row_values] >= 0))
+            deferred = ~is_use & self.feeds_carry[row_values]
+            inside = ~(prefetched | deferred)
+            item_time = kernel_seconds[body.kernels] * body.per_iteration
+            compute = float(item_time.sum())
+            if inside.any():
+                position = np.searchsorted(body.kernels, self.plan.kernel_of_op[op[rows[inside]]])
+                producer = np.asarray(self.plan.program.producer, dtype=np.int64)[row_values[inside]]
+                made = np.where(producer >= 0, self.plan.kernel_of_op[np.maximum(producer, 0)], -1)
+                ready = np.where(self.loop_of_value[row_values[inside]] == loop,
+                                 np.searchsorted(body.kernels, made, side="right") - 1, -1)
+                reads = np.searchsorted(body.kernels, self.first_read_kernel[row_values[inside]])
+                consumer = np.where(is_use[inside], position, reads)
+                consumer = np.minimum(np.maximum(consumer, ready + 1), len(body.kernels))
+                span, _ = makespan(item_time, consumer, ready, durations[rows[inside]], axes_mask[rows[inside]])
+            else:
+                span = compute
+            total = float(durations[rows].sum())
+            iteration = max(span, total, compute)
+            per_iteration = iteration - compute
+            # Spread the exposed time over the body's collectives by their share of its communication; each entry
+            # adds its first prefetch and its last deferred reduction once.
+            share = durations[rows] / total if total > 0 else np.zeros(len(rows))
+            once = np.where(prefetched | deferred, durations[rows], 0.0) * body.entries
+            exposed[rows] = share * per_iteration * body.iterations + once
+        return exposed
+
+
+def _stores(user, value_id: int, ops, values, keeps_elements: frozenset[str], feeds: np.ndarray) -> bool:
+    """``user`` only stores ``value_id`` into a loop's carry (see ``LoopOverlap._feeds_carry``)."""
+    if user.kind == "stablehlo.return":
+        return user.parent is not None and ops[user.parent[0]].kind == "stablehlo.while"
+    if user.kind == "func.return":  # a call's return: on to the call's results where it is returned
+        if user.parent is None:
+            return False
+        results = ops[user.parent[0]].results
+        return all(index < len(results) and feeds[results[index]]
+                   for index, operand in enumerate(user.operands) if operand == value_id)
+    if user.kind == "func.call" and user.regions:  # into a call: on to the callee's arguments
+        args = user.regions[0]
+        return all(index < len(args) and feeds[args[index]]
+                   for index, operand in enumerate(user.operands) if operand == value_id)
+    if user.kind == "stablehlo.broadcast_in_dim" and user.results and math.prod(
+            values[user.results[0]].shape) == math.prod(values[value_id].shape):  # a unit dim added: a reshape
+        return all(feeds[r] for r in user.results)
+    if user.kind in _STORES or user.kind in keeps_elements:
+        return bool(user.results) and all(feeds[r] for r in user.results)
+    return False
