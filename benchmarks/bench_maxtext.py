@@ -1,27 +1,30 @@
 """The published MaxText runs (``../shared/reference/published/maxtext.json``) in toast's cost model: each row's
 step, priced with the run's own strategy, against the published step time.
 
-    python benchmarks/bench_maxtext.py [--rows T6 T15 T11 G1] [--engine auto] [--json FILE]
+    python benchmarks/bench_maxtext.py [--rows T6 T15 T11 G1] [--engine auto] [--json FILE] [--autoshard ROLLOUTS]
 
 For each row: ``benchmarks/programs/maxtext.py`` writes the row's training step at its global shapes, lowered
-for its platform (the Pallas TPU kernels for ``tpu``, the Pallas GPU one for ``cuda``); ``toast.analyze`` reads
-it; ``manual_strategy(..., "fsdp", ...)`` with ``benchmarks/programs/maxtext.roles.toml`` prices FSDP over all of
-the row's chips on mesh ``data=CHIPS`` (every run was FSDP over its slice; T15's ``dcn_data 2 x ici_fsdp 64``
-is priced as FSDP over 128: toast's fsdp has one data axis), the arguments donated (MaxText donates the
-train state), on the row's hardware profile. Prints a Markdown table: toast's step, the published step and
-their ratio, the peak memory per device against the chip's HBM, the step's breakdown (and the exposed host
-transfers, where the cost model prices memory kinds), and the seconds each stage took; notes under it say where
-the priced program or strategy differs from the run's.
+for its platform (the Pallas TPU kernels for ``tpu``; for G1 the step with cuDNN's fused attention as lowered on
+an H100, ``benchmarks/data/maxtext_g1_cudnn.mlir.gz``, since cuDNN lowers only where it is installed); ``toast.analyze``
+reads it; ``manual_strategy(..., "fsdp", ...)`` with ``benchmarks/programs/maxtext.roles.toml`` prices the run's
+FSDP on its mesh: ``data=CHIPS`` for one slice, and T15's ``dcn_data 2 x ici_fsdp 64`` as mesh
+``data=2,fsdp=64`` on 2 slices (the batch over both axes, the parameters stored over ``fsdp``, ``data`` on DCN);
+the arguments donated (MaxText donates the train state), on the row's hardware profile. Prints a Markdown table:
+toast's step, the published step and their ratio, the peak memory per device against the chip's HBM, the step's
+breakdown (and the exposed host transfers), and the seconds each stage took; notes under it say where the priced
+program or strategy differs from the run's. ``--autoshard`` also runs toast's search on the same program and mesh
+(its own strategy, not a manual candidate) and sets it against the run's.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import sys
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # benchmarks.programs, when run as a script
@@ -29,6 +32,7 @@ sys.path.insert(0, str(HERE.parent))  # benchmarks.programs, when run as a scrip
 from benchmarks.programs import maxtext  # noqa: E402
 
 ROLES = HERE / "programs" / "maxtext.roles.toml"
+DATA = HERE / "data"
 GIB = 2.0**30
 EngineName = Literal["auto", "souffle", "embedded"]
 # maxtext.json's accelerator (its start) -> toast's hardware profile.
@@ -43,30 +47,40 @@ def hardware_of(accelerator: str) -> str:
     raise SystemExit(f"bench_maxtext: no hardware profile for accelerator {accelerator!r}")
 
 
-def price_row(entry: dict[str, Any], *, engine: EngineName, published: Path, autoshard_rollouts: int = 0
-              ) -> dict[str, Any]:
-    """Lower, analyze and price one maxtext.json row; a dict of the table's columns (seconds, bytes)."""
+class RowModel(NamedTuple):
+    """A maxtext.json row set up for pricing: its sharding model and the run's strategy on its mesh."""
+
+    model: Any  # toast.ShardingModel
+    state: Any  # toast.ShardingState: the run's FSDP
+    hardware: Any  # toast.Hardware
+    donate: tuple[int, ...]
+    roles: Any  # toast.Roles
+    settings: dict[str, Any]  # maxtext()'s keywords as priced
+    mesh: str  # e.g. "data=2,fsdp=64 on 2 slices"
+    profile: str
+    notes: list[str]
+    seconds: dict[str, float]  # lower, analyze
+
+
+def row_model(entry: dict[str, Any], *, engine: EngineName, published: Path) -> RowModel:
+    """Lower and analyze one maxtext.json row and apply the run's strategy on its mesh."""
     import toast
-    from toast.errors import InvalidRules
 
     notes: list[str] = []
     settings = maxtext.row_settings(entry["id"], published=published)
-    if "cuDNN" in entry["attention"]:
-        notes.append("cuDNN flash attention cannot be lowered here: the Pallas GPU (Triton) mha kernel stands in")
     start = time.perf_counter()
-    text = maxtext.stablehlo_text(**settings)
-    lowered = time.perf_counter()
-    try:
-        analysis = toast.analyze(toast.read_text(text, source=entry["id"]), engine=engine)
-    except InvalidRules as err:  # grouped-query splash: k's and v's K heads are not the query's H
-        if settings["attention"] != "splash" or settings["kv_heads"] == settings["heads"]:
-            raise
-        notes.append(f"toast's rules refuse grouped-query splash ({err}); priced with k and v repeated to "
-                     f"{settings['heads']} heads")
-        settings["repeat_kv"] = True
+    lowered_on_gpu = DATA / f"maxtext_{entry['id'].lower()}_cudnn.mlir.gz"
+    if "cuDNN" in entry["attention"] and lowered_on_gpu.is_file():
+        # cuDNN's fused attention lowers only where cuDNN is: the row's step as lowered on an H100
+        # (python -m benchmarks.programs.maxtext --row G1 --attention cudnn, jax 0.11.2).
+        settings["attention"] = "cudnn"
+        text = gzip.decompress(lowered_on_gpu.read_bytes()).decode()
+    else:
+        if "cuDNN" in entry["attention"]:
+            notes.append("cuDNN flash attention cannot be lowered here: the Pallas GPU (Triton) mha kernel stands in")
         text = maxtext.stablehlo_text(**settings)
-        lowered = time.perf_counter()
-        analysis = toast.analyze(toast.read_text(text, source=entry["id"]), engine=engine)
+    lowered = time.perf_counter()
+    analysis = toast.analyze(toast.read_text(text, source=entry["id"]), engine=engine)
     analyzed = time.perf_counter()
     chips = entry["chips"]
     roles = toast.load_roles(ROLES)
@@ -85,7 +99,20 @@ def price_row(entry: dict[str, Any], *, engine: EngineName, published: Path, aut
     model = toast.ShardingModel(analysis, toast.parse_mesh(mesh, slices=slices))
     state, _ = toast.manual_strategy(model, "fsdp", roles)
     donate = tuple(range(len(analysis.program.arguments)))
-    cost = toast.CostModel(model, hardware, donate=donate).evaluate(state)
+    return RowModel(model, state, hardware, donate, roles, settings,
+                    mesh + (f" on {slices} slices" if slices > 1 else ""), profile, notes,
+                    {"lower": lowered - start, "analyze": analyzed - lowered})
+
+
+def price_row(entry: dict[str, Any], *, engine: EngineName, published: Path, autoshard_rollouts: int = 0
+              ) -> dict[str, Any]:
+    """Lower, analyze and price one maxtext.json row; a dict of the table's columns (seconds, bytes)."""
+    import toast
+
+    row = row_model(entry, engine=engine, published=published)
+    analysis, hardware = row.model.analysis, row.hardware
+    start = time.perf_counter()
+    cost = toast.CostModel(row.model, hardware, donate=row.donate).evaluate(row.state)
     priced = time.perf_counter()
     searched: dict[str, Any] = {}
     if autoshard_rollouts:
@@ -94,22 +121,21 @@ def price_row(entry: dict[str, Any], *, engine: EngineName, published: Path, aut
         from toast.search.base import SearchSettings
         from toast.search.find import find_strategy
 
-        found = find_strategy(analysis, model.mesh, hardware, roles=roles, manual_candidates=False,
+        found = find_strategy(analysis, row.model.mesh, hardware, roles=row.roles, manual_candidates=False,
                               settings=SearchSettings(rollouts=autoshard_rollouts, seed=0))
-        own = toast.CostModel(found.model, hardware, donate=donate).evaluate(found.searched.state)
+        own = toast.CostModel(found.model, hardware, donate=row.donate).evaluate(found.searched.state)
         searched = {"step_s": own.step_time_s, "peak_bytes": own.peak_bytes, "rollouts": autoshard_rollouts,
                     "seconds": time.perf_counter() - priced}
     return {
-        "row": entry["id"], "model": entry["model"], "chips": chips, "hardware": profile,
-        "mesh": mesh + (f" on {slices} slices" if slices > 1 else ""),
-        "strategy": "fsdp", "attention": settings["attention"], "remat": settings["remat"],
+        "row": entry["id"], "model": entry["model"], "chips": entry["chips"], "hardware": row.profile,
+        "mesh": row.mesh, "strategy": "fsdp", "attention": row.settings["attention"], "remat": row.settings["remat"],
         "ops": len(analysis.program.ops), "unruled_ops": [u.kind for u in analysis.unruled_ops],
         "unpriced_ops": [u.kind for u in analysis.unpriced_ops],
         "toast_step_s": cost.step_time_s, "published_step_s": entry["published_step_s"],
         "ratio": cost.step_time_s / entry["published_step_s"], "peak_bytes": cost.peak_bytes,
         "hbm_bytes": hardware.hbm_bytes, "breakdown": dict(cost.breakdown),
-        "communication_s": dict(cost.communication_s), "notes": notes, "autoshard": searched,
-        "seconds": {"lower": lowered - start, "analyze": analyzed - lowered, "price": priced - analyzed},
+        "communication_s": dict(cost.communication_s), "notes": row.notes, "autoshard": searched,
+        "seconds": {**row.seconds, "price": priced - start},
     }
 
 

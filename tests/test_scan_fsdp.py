@@ -132,3 +132,27 @@ def test_gathers_longer_than_the_layers_set_the_iteration(fsdp):
     once = sum(cost_model.collective_time(c) for c in cost.collectives)
     exposed = cost.breakdown["exposed_communication_s"]
     assert (LAYERS + 1) * once * 0.99 <= exposed + cost.compute_s and exposed <= (LAYERS + 1) * once
+
+
+def test_a_reduction_into_the_residual_stream_is_not_deferred():
+    """A tensor-parallel layer under scan, ``h + tanh(h @ a) @ b`` with ``b`` row-parallel: the all-reduce of the
+    second matmul's partial sum is added to the carried residual stream, which the next iteration reads at once,
+    so XLA cannot finish it under the next layer: every iteration waits for it (it was priced as deferred: once
+    per loop). On a GPU profile (no collective matmul) with nothing to hide it behind, the loop's exposed time is
+    L times the all-reduce, less the one kernel between it and its reader (under 10%)."""
+    def step(x, a, b):
+        def layer(h, w):
+            return h + jnp.tanh(h @ w[0]) @ w[1], None
+        return jax.lax.scan(layer, x, (a, b))[0]
+
+    args = (jax.ShapeDtypeStruct((BATCH, WIDTH), jnp.float32),
+            jax.ShapeDtypeStruct((LAYERS, WIDTH, 4 * WIDTH), jnp.float32),
+            jax.ShapeDtypeStruct((LAYERS, 4 * WIDTH, WIDTH), jnp.float32))
+    model = ShardingModel(analyze("tensor_parallel_scan", fn=step, args=args), parse_mesh("batch=2,model=4"))
+    state, _ = manual_strategy(model, "megatron", Roles({"batch": [("x", 0)], "mlp": [("a", 2)]}))
+    cost_model = CostModel(model, load_hardware("h100"))
+    cost = cost_model.evaluate(state)
+    [reduction] = [c for c in cost.collectives if c.kind == "all-reduce"]
+    assert reduction.bytes_in == BATCH // 2 * WIDTH * 4  # the batch split 2 ways: [32, 256] f32
+    every_layer = LAYERS * cost_model.collective_time(reduction)
+    assert 0.9 * every_layer <= cost.breakdown["exposed_communication_s"] <= every_layer * (1 + 1e-9)

@@ -322,8 +322,8 @@ def maxtext(*, arch: str = "llama", d: int = 128, heads: int = 4, kv_heads: int 
             program runs on, as MaxText's mesh); divides ``batch``.
         repeat_kv: repeat ``k`` and ``v`` to ``H`` heads before the attention (grouped-query ``dot`` and
             ``splash`` take them as they are; ``flash`` and ``gpu_mha`` always repeat: their kernels take
-            equal heads). toast's splash rules take equal heads only (rules/ops/kernels.dl), so grouped-query
-            splash is priced with this set.
+            equal heads). toast's splash rules group k's and v's heads under the query's
+            (rules/ops/kernels.dl), so grouped-query splash is priced as MaxText calls it, without this.
         learning_rate: AdamW's step size, a constant of the program.
 
     ``fn(params, opt_state, tokens, targets)`` takes ``tokens, targets: int32[B, S]``, the float32

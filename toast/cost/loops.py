@@ -8,12 +8,15 @@ are issued:
   slice of a carried, unchanged parameter stack at the loop counter) is started one iteration early (XLA's
   ``CollectivePipeliner`` moves it forward; the next layer's gather runs under this layer's compute). Only the
   first iteration's waits for it.
-- **deferred**: a reduction whose result the iteration only writes into its carry (a gradient
-  ``dynamic_update_slice``-d into the accumulator stack, through reshapes and converts, or added to a carried
-  sum) finishes during the next iteration (the pipeliner moves it backward); only the last one's is exposed.
+- **deferred**: a reduction whose result the iteration only writes into a slot of its carry that the body never
+  reads (a gradient ``dynamic_update_slice``-d into the accumulator stack, through reshapes and converts, or
+  added to a carried sum) finishes during the next iteration (the pipeliner moves it backward); only the last
+  one's is exposed. A result added to the residual stream is read by the next iteration at once: in the
+  iteration.
 - **in the iteration**: the others (a tensor-parallel all-reduce between two layers' matmuls) run on the
   communication stream from when their operand is made to where it is read, within the iteration
-  (``CostModel._makespan`` over the body's kernels).
+  (``CostModel._makespan`` over the body's kernels), or folded into the matmul they feed or follow where the
+  profile runs collective matmuls and that exposes less (``toast.cost.overlap``).
 
 One iteration then takes ``max(its compute with the in-iteration waits, all its collectives back to back)``
 (both streams in steady state): the exposed part per iteration is that minus its compute; each entry into the
@@ -30,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from toast.cost.kernels import KernelPlan
+from toast.cost.overlap import folds, slack
 from toast.frontend.ir import TERMINATORS
 
 # Ops through which a reduced gradient is only stored into a loop's carry (besides the rules' keeps_elements).
@@ -122,12 +126,14 @@ class LoopOverlap:
     @staticmethod
     def _feeds_carry(program, loop_of_op: np.ndarray, keeps_elements: frozenset[str]) -> np.ndarray:
         """``bool[values]``: in a loop body, every use of the value (through reshapes, converts, calls' returns)
-        only stores it into the loop's carry: the body's return, a ``dynamic_update_slice``, an add."""
+        only stores it into a slot of the loop's carry that the body never reads (``_accumulators``): through a
+        ``dynamic_update_slice``, an add, the body's return."""
         ops, values = program.ops, program.values
         users: dict[int, list[int]] = {}
         for op in ops:
             for value_id in op.operands:
                 users.setdefault(value_id, []).append(op.id)
+        accumulator = LoopOverlap._accumulators(program, users)
         feeds = np.zeros(len(values), dtype=bool)
         # Backwards in program order, a value's users come first (a call's arguments after its body); a call's
         # results come before its return, so the pass repeats (once per level of nested calls) until nothing
@@ -140,13 +146,43 @@ class LoopOverlap:
                 for value_id in (*op.results, *(v for args in op.regions for v in args)):
                     found = users.get(value_id, [])
                     feeds[value_id] = bool(found) and all(
-                        _stores(ops[u], value_id, ops, values, keeps_elements, feeds) for u in found)
+                        _stores(ops[u], value_id, ops, values, keeps_elements, feeds, accumulator) for u in found)
             if np.array_equal(before, feeds):
                 break
         return feeds
 
+    @staticmethod
+    def _accumulators(program, users: dict[int, list[int]]) -> np.ndarray:
+        """``bool[values]``: a value the loop body only writes into (a gradient accumulator: its uses are
+        ``dynamic_update_slice`` into it, adds to it, the body's return, and calls passing it to such a use),
+        never reads: the carry of a ``jax.lax.scan``'s stacked outputs, not its residual stream."""
+        ops = program.ops
+        accumulator = np.zeros(len(program.values), dtype=bool)
+
+        def only_written(value_id: int, depth: int = 0) -> bool:
+            for user_id in users.get(value_id, ()):
+                user = ops[user_id]
+                positions = [index for index, operand in enumerate(user.operands) if operand == value_id]
+                if user.kind == "stablehlo.dynamic_update_slice" and positions == [0]:
+                    continue
+                if user.kind in ("stablehlo.add", "stablehlo.return", "func.return"):
+                    continue
+                if user.kind == "func.call" and user.regions and depth < 8 and all(
+                        index < len(user.regions[0]) and only_written(user.regions[0][index], depth + 1)
+                        for index in positions):
+                    continue
+                return False
+            return True
+
+        for op in ops:
+            if op.kind == "stablehlo.while" and len(op.regions) >= 2:
+                for arg in op.regions[1]:
+                    accumulator[arg] = bool(program.values[arg].shape) and only_written(arg)
+        return accumulator
+
     def exposed(self, kernel_seconds: np.ndarray, op: np.ndarray, value: np.ndarray, operand: np.ndarray,
-                durations: np.ndarray, makespan: Makespan, axes_mask: np.ndarray) -> np.ndarray:
+                durations: np.ndarray, makespan: Makespan, axes_mask: np.ndarray,
+                folded: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
         """``float64[rows]``: the seconds of one step each loop-body collective leaves exposed.
 
         Args:
@@ -156,6 +192,10 @@ class LoopOverlap:
           durations: ``float64[rows]``, one run of each.
           makespan: ``CostModel._makespan``.
           axes_mask: ``int64[rows]``.
+          folded: ``(int64[rows], float64[rows])``, the matmul kernel each can fold into (``-1``: none) and the
+            seconds it then leaves exposed per run (``CostModel._matmul_folds``): an in-iteration one folds where
+            that exposes less than the iteration's communication stream would (``toast.cost.overlap``), its
+            exposed part on its matmul.
         """
         exposed = np.zeros(len(op))
         loops = self.loop_of_op[op]
@@ -181,7 +221,17 @@ class LoopOverlap:
                 reads = np.searchsorted(body.kernels, self.first_read_kernel[row_values[inside]])
                 consumer = np.where(is_use[inside], position, reads)
                 consumer = np.minimum(np.maximum(consumer, ready + 1), len(body.kernels))
-                span, _ = makespan(item_time, consumer, ready, durations[rows[inside]], axes_mask[rows[inside]])
+                streamed = rows[inside]
+                if folded is not None:
+                    kernel, exposed_if = folded[0][streamed], folded[1][streamed]
+                    into = np.minimum(np.searchsorted(body.kernels, kernel), len(body.kernels) - 1)
+                    kernel = np.where(body.kernels[into] == kernel, kernel, -1)  # a matmul of this body
+                    chosen = folds(kernel, exposed_if, durations[streamed], slack(item_time, ready, consumer))
+                    if chosen.any():
+                        item_time = item_time.copy()
+                        np.add.at(item_time, into[chosen], exposed_if[chosen])
+                        ready, consumer, streamed = ready[~chosen], consumer[~chosen], streamed[~chosen]
+                span, _ = makespan(item_time, consumer, ready, durations[streamed], axes_mask[streamed])
             else:
                 span = compute
             total = float(durations[rows].sum())
@@ -195,10 +245,17 @@ class LoopOverlap:
         return exposed
 
 
-def _stores(user, value_id: int, ops, values, keeps_elements: frozenset[str], feeds: np.ndarray) -> bool:
-    """``user`` only stores ``value_id`` into a loop's carry (see ``LoopOverlap._feeds_carry``)."""
+def _stores(user, value_id: int, ops, values, keeps_elements: frozenset[str], feeds: np.ndarray,
+            accumulator: np.ndarray) -> bool:
+    """``user`` only stores ``value_id`` into a loop's carry, a slot the body never reads (see
+    ``LoopOverlap._feeds_carry``): a value carried on to the next iteration's compute (the residual stream) is
+    needed there at once."""
     if user.kind == "stablehlo.return":
-        return user.parent is not None and ops[user.parent[0]].kind == "stablehlo.while"
+        if user.parent is None or ops[user.parent[0]].kind != "stablehlo.while":
+            return False
+        args = ops[user.parent[0]].regions[user.parent[1]]
+        return all(index < len(args) and accumulator[args[index]]
+                   for index, operand in enumerate(user.operands) if operand == value_id)
     if user.kind == "func.return":  # a call's return: on to the call's results where it is returned
         if user.parent is None:
             return False

@@ -15,7 +15,10 @@ shard):
   stream is free; the kernel that needs its result waits for its end (XLA's latency-hiding scheduler
   overlaps them so). ``overlap=False`` runs them on the compute stream instead. Collectives inside a loop
   body run there, overlapped as XLA's collective pipeliner overlaps them (``toast.cost.loops``: a layer's weight
-  gather prefetched under the previous layer, its gradient's reduce-scatter finished under the next). The step
+  gather prefetched under the previous layer, its gradient's reduce-scatter finished under the next). With the
+  profile's ``collective_matmul`` (TPUs), an all-gather feeding a matmul or a reduction of its partial result that
+  the stream would leave exposed is folded into that matmul instead (``toast.cost.overlap``: XLA's windowed
+  einsum), its exposed part on the compute stream. The step
   time is the makespan, plus ``step_overhead`` (launching the program): never less than the compute stream's
   busy time.
 - **Collective times.** Alpha-beta ring times over the interconnect level the mesh axes span
@@ -63,6 +66,7 @@ from toast.cost.hardware import Hardware
 from toast.cost.kernels import KernelPlan
 from toast.cost.loops import LoopOverlap
 from toast.cost.network import Algorithm, algorithms, collective_seconds, mesh_group_span
+from toast.cost.overlap import CollectiveMatmul, exposed_seconds, folds, slack
 from toast.errors import ToastError
 from toast.sharding.state import NamePartition, ShardingModel, ShardingState
 
@@ -175,6 +179,9 @@ class CostModel:
         program = analysis.program
         self.plan = KernelPlan(program, semantics=analysis.kernel_semantics)
         self.loop_overlap = LoopOverlap(self.plan, keeps_elements=analysis.kernel_semantics.keeps_elements)
+        # The matmuls collectives fold into where the compiler runs collective matmuls (toast.cost.overlap).
+        self.collective_matmul = CollectiveMatmul(self.plan, analysis.flop_names) \
+            if hardware.collective_matmul else None
         self.donate = tuple(sorted(set(donate)))
         for index in self.donate:
             if not 0 <= index < len(program.arguments):
@@ -210,6 +217,8 @@ class CostModel:
                 for column, algorithm in enumerate(found):
                     self._candidate_latency[kind_code, mask, column] = algorithm.latency
                     self._candidate_per_byte[kind_code, mask, column] = algorithm.seconds_per_byte
+        self._mask_devices = np.asarray([span.devices if span is not None else 1 for span in self._mask_spans],
+                                        dtype=np.int64)
         self._levels_label = [span.levels(hardware) if span is not None and span.devices > 1 else ""
                               for span in self._mask_spans]
         self._axes_label = ["+".join(mesh.mask_axes(mask)) for mask in range(256)]
@@ -522,9 +531,10 @@ class CostModel:
         repeated = loop_durations * self.op_repeats[op[in_loop]]
         # What the loop bodies' collectives leave exposed (toast.cost.loops: prefetched, deferred, overlapped in
         # the iteration); without overlap, all of it.
-        loop_exposed = self.loop_overlap.exposed(seconds, op[in_loop], value[in_loop], operand[in_loop],
-                                                 loop_durations, self._makespan, axes_mask[in_loop]) \
-            if self.overlap and in_loop.any() else repeated
+        loop_exposed = self.loop_overlap.exposed(
+            seconds, op[in_loop], value[in_loop], operand[in_loop], loop_durations, self._makespan, axes_mask[in_loop],
+            folded=self._matmul_folds(seconds, kind[in_loop], axes_mask[in_loop], op[in_loop], operand[in_loop],
+                                      loop_durations)) if self.overlap and in_loop.any() else repeated
         np.add.at(item_time, self.item_of_op[op[in_loop]], loop_exposed)  # in order, as a loop adds
         in_loops = _sequential_sum(loop_exposed)
         loop_hidden = max(0.0, _sequential_sum(repeated) - in_loops) * self.microbatches
@@ -535,12 +545,34 @@ class CostModel:
         # needed by its first reader.
         ready = np.where(is_use, self.ready_item[values], self.item_of_op[ops])
         consumer = np.where(is_use, self.consumer_item_of_op[ops], self.first_reader_of_value[values])
+        # Collectives folded into the matmul they feed or follow (collective matmul, toast.cost.overlap): the
+        # matmul's item takes their exposed part, and they leave the stream.
+        folded = np.zeros(len(kind), dtype=bool)
+        folded_seconds = folded_exposed = np.zeros(0)
+        top_durations = self._durations(kind[streamed], axes_mask[streamed], nbytes[streamed]) \
+            if self.collective_matmul is not None else np.zeros(0)
+        found = self._matmul_folds(seconds, kind[streamed], axes_mask[streamed], ops, operand[streamed],
+                                   top_durations)
+        if found is not None:
+            kernel, exposed_if = found
+            if self.microbatches > 1:  # a gradient's reduction runs in the last micro-batch only: on the stream
+                kernel = np.where(self._gradient_value[values] & ~is_use, -1, kernel)
+            chosen = folds(kernel, exposed_if, top_durations, slack(item_time, ready, consumer))
+            if chosen.any():
+                np.add.at(item_time, self.top_of_kernel[kernel[chosen]], exposed_if[chosen])
+                folded[np.flatnonzero(streamed)[chosen]] = True
+                folded_seconds, folded_exposed = top_durations[chosen], exposed_if[chosen]
+                streamed &= ~folded
+                values, ops, is_use, ready, consumer = (values[~chosen], ops[~chosen], is_use[~chosen],
+                                                        ready[~chosen], consumer[~chosen])
         group = self._combine_groups(kind[streamed], axes_mask[streamed], nbytes[streamed], ready, consumer)
         streams = [self._stream(item_time, kind[streamed], axes_mask[streamed], nbytes[streamed], ready, consumer,
                                 group)]
         # The same groups for the memory of the reductions combined (each row its own group where none combine).
         group_of_row = np.full(len(table), -1, dtype=np.int64)
         group_of_row[np.flatnonzero(moving)[streamed]] = group if group is not None else np.arange(streamed.sum())
+        if folded.any():  # each its own group
+            group_of_row[np.flatnonzero(moving)[folded]] = np.arange(folded.sum()) + int(group_of_row.max()) + 1
         runs = [1.0]
         if self.microbatches > 1:
             # The micro-batches before the last: no optimizer, no gradient reduction (gradients accumulate).
@@ -552,10 +584,15 @@ class CostModel:
             runs.append(float(self.microbatches - 1))
         step = compute_busy = self.hardware.step_overhead
         total_comm = 0.0
-        # Per label: the loop bodies' collectives (exposed, every micro-batch), then each stream's.
-        label_masks = [loop_masks]
-        label_seconds = [repeated * self.microbatches]
-        label_late = [loop_exposed * self.microbatches]
+        # The collectives exposed on the compute stream (loop bodies', folded ones'), every micro-batch.
+        in_loops += _sequential_sum(folded_exposed)
+        loop_hidden += max(0.0, _sequential_sum(folded_seconds) - _sequential_sum(folded_exposed)) * self.microbatches
+        # Per label: the loop bodies' collectives and the folded ones (exposed, every micro-batch), then each
+        # stream's.
+        label_masks = [loop_masks, axes_mask[folded]]
+        label_seconds = [repeated * self.microbatches, folded_seconds * self.microbatches]
+        label_late = [loop_exposed * self.microbatches, folded_exposed * self.microbatches]
+        on_compute = len(label_late)
         for (makespan, busy, masks, durations, late), times in zip(streams, runs, strict=True):
             step += times * makespan
             compute_busy += times * busy
@@ -566,7 +603,7 @@ class CostModel:
         exposed = step - compute_busy
         if exposed < 1e-12 * max(step, 1.0):  # rounding of the same sums taken in two orders
             exposed, step = 0.0, compute_busy
-            label_late = [late * 0.0 for late in label_late]
+            label_late = label_late[:on_compute] + [late * 0.0 for late in label_late[on_compute:]]
         all_masks = np.concatenate(label_masks)
         communication = self._by_label(all_masks, np.concatenate(label_seconds), self._axes_label)
         by_level = self._by_label(all_masks, np.concatenate(label_seconds), self._levels_label)
@@ -583,9 +620,27 @@ class CostModel:
         step = self._host_transfers(step, breakdown, seconds, item_time, value_bytes)
         peak = self._peak_memory(table, value_bytes, group_of_row)
         listed = self.communication.to_list(table) if collectives else []
-        launched = len(streams[0][2]) + int(in_loop.sum())
+        launched = len(streams[0][2]) + int(in_loop.sum()) + int(folded.sum())
         return AbsoluteCost(step, compute_busy - in_loops, breakdown, communication, peak, listed, by_level,
                             exposed_by_axes, launched)
+
+    def _matmul_folds(self, seconds: np.ndarray, kind: np.ndarray, axes_mask: np.ndarray, op: np.ndarray,
+                      operand: np.ndarray, durations: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """Per collective: the matmul kernel it can fold into (``-1``: none) and the seconds it then leaves exposed
+        (``toast.cost.overlap``); ``None`` where none can (no collective matmul on the profile, or no overlap).
+
+        Args:
+          seconds: ``float64[kernels]``, one launch of each kernel.
+          kind, axes_mask, op, operand: ``int64[rows]``, the collectives' (``CollectiveTable``).
+          durations: ``float64[rows]``, one run of each, seconds.
+        """
+        if self.collective_matmul is None or not self.overlap or not len(op):
+            return None
+        kernel = self.collective_matmul.kernels(kind, op, operand)
+        if not (kernel >= 0).any():
+            return None
+        at = np.maximum(kernel, 0)
+        return kernel, exposed_seconds(durations, seconds[at] - self.overhead[at], self._mask_devices[axes_mask])
 
     def _stream(self, item_time: np.ndarray, kind: np.ndarray, axes_mask: np.ndarray, nbytes: np.ndarray,
                 ready: np.ndarray, consumer: np.ndarray, group: np.ndarray | None,
