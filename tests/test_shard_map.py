@@ -11,8 +11,19 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import AbstractMesh, AxisType, PartitionSpec
 
-from toast import CostModel, Roles, ShardingModel, analyze, load_hardware, manual_strategy, parse_mesh
+from toast import (
+    Action,
+    CostModel,
+    InvalidState,
+    Roles,
+    ShardingModel,
+    analyze,
+    load_hardware,
+    manual_strategy,
+    parse_mesh,
+)
 from toast.frontend import read_text
+from toast.search import ActionSpace
 
 DEVICES, BATCH, WIDTH = 4, 16, 32
 
@@ -47,3 +58,20 @@ def test_the_region_takes_the_split_batch_as_it_is(engine):
     state, _ = manual_strategy(model, "data_parallel", Roles({"batch": [("x", 0)]}))
     cost = CostModel(model, load_hardware("h100")).evaluate(state)
     assert cost.collectives == ()
+
+
+def test_the_region_s_axes_split_nothing_else_of_its_operand():
+    """Inside the region each device already holds its quarter of the batch: the 4 devices of data are taken.
+    Splitting the operand's width over data too would split it 16 ways on 4 devices: refused by the state's check
+    and by the search's incremental one (no action puts data on that width)."""
+    analysis = analyze(read_text(_program_text(), source="shard_map"), engine="embedded")
+    model = ShardingModel(analysis, parse_mesh(f"data={DEVICES}"))
+    region = next(op for op in analysis.program.ops if op.kind == "sdy.manual_computation")
+    width = analysis.names.use_name(region.id, 0, 1)
+    color = int(analysis.color_of[width])
+    with pytest.raises(InvalidState, match="manual axes"):
+        model.apply(model.initial(), Action(color, "data"))
+    space = ActionSpace(model, min_names=1)
+    on_width = [index for index, action in enumerate(space.actions) if color in action.colors and action.axis == "data"]
+    assert on_width
+    assert all(space.step(space.initial_atoms, index) is None for index in on_width)

@@ -367,6 +367,10 @@ class ActionSpace:
         by_atom = np.argsort(atom_of_name, kind="stable")
         starts = np.searchsorted(atom_of_name[by_atom], np.arange(atom_count))
         self._atom_divisor = np.gcd.reduceat(divisor[by_atom], starts) if atom_count else divisor[:0]
+        # Axes an atom may not take: a manual region's (shard_map's) axes on its operands' other dims.
+        self._atom_excluded = np.zeros(atom_count, dtype=np.uint8)
+        excluded_names, excluded_masks = model.manual_exclusions()
+        np.bitwise_or.at(self._atom_excluded, atom_of_name[excluded_names], excluded_masks)
         # Atoms that share a tensor (site): at most one of them may carry an axis. An atom twice in one tensor
         # may carry none.
         starts_of_site = model.site_starts
@@ -430,6 +434,8 @@ class ActionSpace:
             return None  # one axis on two dims of a tensor
         if np.any(self._atom_divisor[atoms] % self.model.devices_of_mask[after]):
             return None  # a dim or reshape factor the axes do not divide
+        if np.any(self._atom_excluded[atoms] & bit):
+            return None  # a manual region's axes on another dim of its operand
         following = atom_masks.copy()
         following[atoms] = after
         return following

@@ -133,6 +133,25 @@ class ShardingModel:
         self.result_first_names = tuple(
             names.use_name(returns[-1].id, k, 0) if program.values[v].shape else -1
             for k, v in enumerate(returns[-1].operands)) if returns else ()
+        self._manual_sites = self._init_manual_sites()
+
+    def _init_manual_sites(self) -> tuple[tuple[int, int, tuple[int, ...], tuple[int, ...], str], ...]:
+        """The operands entering a manual region (shard_map) with dims its manual axes split (``Analysis.manual_dims``):
+        ``(first use name, rank, the dims, the devices each is split over, the op's label)``, per operand."""
+        analysis = self.analysis
+        program, names = analysis.program, analysis.names
+        dims_of: dict[tuple[int, int], list[int]] = {}
+        for op_id, operand, dim in sorted(analysis.manual_dims):
+            dims_of.setdefault((op_id, operand), []).append(dim)
+        sites = []
+        for (op_id, operand), dims in dims_of.items():
+            op = program.ops[op_id]
+            inside = op.regions[0][operand] if op.regions else op.results[0]  # the local (per-device) value
+            outside = program.values[op.operands[operand]].shape
+            local = program.values[inside].shape
+            sites.append((names.use_name(op_id, operand, 0), len(outside), tuple(dims),
+                          tuple(outside[d] // max(local[d], 1) for d in dims), f"{op.kind} {program.op_label(op_id)}"))
+        return tuple(sites)
 
     def initial(self) -> ShardingState:
         """The unsharded state (every name replicated)."""
@@ -197,7 +216,47 @@ class ShardingModel:
                 name = int(self.factor_names[bad[0]])
                 return (f"{self._name_label(name)} is reshaped through a factor of {self.factor_sizes[bad[0]]}, "
                         f"not divisible by {devices[bad[0]]} devices")
+        return self._manual_problem(masks)
+
+    def _manual_problem(self, masks: np.ndarray) -> str:
+        """A manual region (shard_map) splits its operands' manual dims over devices of its own: such a dim is
+        split over that many devices or none, and the mesh axes doing it split no other dim of the operand (inside,
+        the region's shapes are already each device's)."""
+        for first, rank, dims, factors, label in self._manual_sites:
+            taken = 0
+            for dim, factor in zip(dims, factors, strict=True):
+                mask = int(masks[first + dim])
+                if mask and self.devices_of_mask[mask] != factor:
+                    return (f"{label}: its manual axes split dim {dim} over {factor} devices, the state over "
+                            f"{self.devices_of_mask[mask]} ({'x'.join(self.mesh.mask_axes(mask))})")
+                taken |= mask or self._mask_of_devices(factor)
+            for dim in range(rank):
+                if dim not in dims and int(masks[first + dim]) & taken:
+                    axes = "x".join(self.mesh.mask_axes(int(masks[first + dim]) & taken))
+                    return (f"{label}: mesh axes {axes} are its manual axes (they split dim {dims[0]}); they cannot "
+                            f"also split dim {dim}")
         return ""
+
+    def manual_exclusions(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(int64[n], uint8[n])``: dimension names a manual region's operands hold beside its manual dims, and the
+        mesh axes (a mask: the first axes whose devices multiply to the manual split) that may not split them, as
+        ``problem`` says; for a search that checks states incrementally."""
+        names: list[int] = []
+        masks: list[int] = []
+        for first, rank, dims, factors, _ in self._manual_sites:
+            taken = 0
+            for factor in factors:
+                taken |= self._mask_of_devices(factor)
+            if taken:
+                others = [first + dim for dim in range(rank) if dim not in dims]
+                names += others
+                masks += [taken] * len(others)
+        return np.asarray(names, dtype=np.int64), np.asarray(masks, dtype=np.uint8)
+
+    def _mask_of_devices(self, devices: int) -> int:
+        """The mesh axes (a mask, the first in mask order) whose devices multiply to ``devices``; 0 where none do."""
+        found = np.flatnonzero(self.devices_of_mask[:1 << len(self.mesh.axes)] == devices)
+        return int(found[0]) if devices > 1 and len(found) else 0
 
     def dim_axes(self, state: ShardingState, names: Sequence[int]) -> tuple[tuple[str, ...], ...]:
         """Axes sharding each of ``names`` (major to minor)."""
