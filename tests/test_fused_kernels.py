@@ -147,6 +147,77 @@ def test_tpu_flash_kernels_are_ruled_priced_and_split_by_batch_heads_and_one_seq
     assert {(forward, 1), (forward, 2)} <= {(c.op, c.operand) for c in collectives if c.kind == "all-gather"}
 
 
+# Flash attention with segment ids (as MaxText passed them): q, k, v [2, 2, 256, 64] f32 (a sequence of 256, not the 128
+# lanes of the ids' broadcast), ids [2, 256] int32 arguments. Each kernel takes them after q, k, v: the query's
+# broadcast along the lanes [2, 256, 128], the keys' along the sublanes [2, 8, 256].
+SEG_S = 256
+SEG_SQUARE = B * H * SEG_S * SEG_S * D  # 16777216
+SEG_QKV = [jax.ShapeDtypeStruct((B, H, SEG_S, D), jnp.float32)] * 3 + [jax.ShapeDtypeStruct((B, SEG_S), jnp.int32)] * 2
+# Bytes: q, k, v, o, dO, dQ, dK, dV [2, 2, 256, 64] f32; the ids [2, 256, 128] and [2, 8, 256] i32; the statistics
+# l, m and di [2, 2, 256, 128] f32.
+SEG_TENSOR, SEG_Q_IDS, SEG_KV_IDS, SEG_STATS = B * H * SEG_S * D * 4, B * SEG_S * 128 * 4, B * 8 * SEG_S * 4, \
+    B * H * SEG_S * 128 * 4  # 262144, 262144, 16384, 524288
+
+
+def _tpu_flash_segments_grad(q, k, v, q_ids, kv_ids):
+    segments = tpu_flash.SegmentIds(q=q_ids, kv=kv_ids)
+    return jax.grad(lambda q, k, v: tpu_flash.flash_attention(q, k, v, segment_ids=segments).sum(),
+                    argnums=(0, 1, 2))(q, k, v)
+
+
+@pytest.fixture(scope="module")
+def segments_text() -> str:
+    return jax.jit(_tpu_flash_segments_grad).trace(*SEG_QKV).lower(lowering_platforms=("tpu",)).as_text(
+        debug_info=True)
+
+
+@pytest.mark.parametrize("engine", engines())
+def test_tpu_flash_with_segment_ids_is_the_same_kernel_its_ids_split_with_q_and_k(engine, segments_text, unit):
+    analysis = analyze(read_text(segments_text), engine=engine)
+    assert analysis.invalid == () and analysis.unpriced_ops == ()
+    assert [u for u in analysis.unruled_ops if "custom_call" in u.kind] == []
+    ops = _kernels(analysis)
+    operands = {name: [analysis.program.values[v].shape for v in analysis.program.ops[op].operands]
+                for name, op in ops.items()}
+    assert operands["_flash_attention_kernel"][3:] == [(B, SEG_S, 128), (B, 8, SEG_S)]
+    assert len(operands["_flash_attention_dkv_kernel"]) == len(operands["_flash_attention_dq_kernel"]) == 9
+    estimate = int(re.search(r"\\22flops\\22:(\d+)", segments_text).group(1))
+    assert 4 * SEG_SQUARE < estimate < 1.02 * 4 * SEG_SQUARE
+
+    # FLOPs as without the ids (the forward's own estimate); bytes: the ids besides q, k, v and the statistics.
+    flops, moved, collectives = _work(analysis, unit, ops)
+    assert flops == pytest.approx({"_flash_attention_kernel": estimate, "_flash_attention_dkv_kernel": 8 * SEG_SQUARE,
+                                   "_flash_attention_dq_kernel": 6 * SEG_SQUARE})
+    ids = SEG_Q_IDS + SEG_KV_IDS
+    backward = 3 * SEG_TENSOR + ids + 3 * SEG_STATS + SEG_TENSOR  # q, k, v, the ids, l, m, dO, di
+    assert moved == {"_flash_attention_kernel": 4 * SEG_TENSOR + ids + 2 * SEG_STATS,  # -> o, l, m
+                     "_flash_attention_dkv_kernel": backward + 2 * SEG_TENSOR, "_flash_attention_dq_kernel":
+                     backward + SEG_TENSOR}
+    assert moved["_flash_attention_kernel"] == 2375680 and collectives == []
+
+    # The ids' batch and sequence dims are q's and k's.
+    color = analysis.color_of
+    for ids_arg, seq_of in (("q_ids", "q"), ("kv_ids", "k")):
+        assert color[analysis.dim_name(ids_arg, 0)] == color[analysis.dim_name("q", 0)]
+        assert color[analysis.dim_name(ids_arg, 1)] == color[analysis.dim_name(seq_of, 2)]
+    # The batch: every kernel halves, no collective.
+    batch, _, collectives = _work(analysis, unit, ops, "d=2", ("q", 0))
+    assert batch == pytest.approx({name: value / 2 for name, value in flops.items()}) and collectives == []
+    # The query sequence (with the query's ids): the forward and dQ halve; dK dV gathers q, its ids and the statistics.
+    seq, _, collectives = _work(analysis, unit, ops, "d=2", ("q", 2))
+    assert seq == pytest.approx({"_flash_attention_kernel": estimate / 2, "_flash_attention_dkv_kernel": 8 * SEG_SQUARE,
+                                 "_flash_attention_dq_kernel": 3 * SEG_SQUARE})
+    gathered = {(c.op, c.operand) for c in collectives if c.kind == "all-gather"}
+    dkv, forward = ops["_flash_attention_dkv_kernel"], ops["_flash_attention_kernel"]
+    assert {(dkv, 0), (dkv, 3)} <= gathered and not {(forward, k) for k in range(5)} & gathered
+    # The key sequence (with the keys' ids): dK dV halves; the forward gathers k, v and the keys' ids.
+    keys, _, collectives = _work(analysis, unit, ops, "d=2", ("kv_ids", 1))
+    assert keys == pytest.approx({"_flash_attention_kernel": estimate, "_flash_attention_dkv_kernel": 4 * SEG_SQUARE,
+                                  "_flash_attention_dq_kernel": 6 * SEG_SQUARE})
+    gathered = {(c.op, c.operand) for c in collectives if c.kind == "all-gather"}
+    assert {(forward, 1), (forward, 2), (forward, 4)} <= gathered and not {(dkv, k) for k in range(5)} & gathered
+
+
 @pytest.mark.parametrize("engine", engines())
 def test_triton_mha_kernels_are_priced_by_the_rules_formula(engine, gpu_text, unit):
     analysis = analyze(read_text(gpu_text), engine=engine)
@@ -244,13 +315,12 @@ def test_a_kernel_rule_that_contradicts_the_operands_is_invalid_at_its_file_and_
 
 
 def test_kernel_ops_of_no_known_form_stay_unpriced(unit):
-    # Flash attention with segment ids has 5 operands: no form of the bundled rules, so it is reported.
-    segments = tpu_flash.SegmentIds(q=jnp.zeros((B, S), jnp.int32), kv=jnp.zeros((B, S), jnp.int32))
+    # Flash attention with a bias (ab) has 4 operands: no form of the bundled rules, so it is reported.
+    def forward(q, k, v, ab):
+        return tpu_flash.flash_attention(q, k, v, ab=ab)
 
-    def forward(q, k, v):
-        return tpu_flash.flash_attention(q, k, v, segment_ids=segments)
-
-    text = jax.jit(forward).trace(*TPU_QKV).lower(lowering_platforms=("tpu",)).as_text(debug_info=True)
+    bias = jax.ShapeDtypeStruct((B, H, S, S), jnp.float32)
+    text = jax.jit(forward).trace(*TPU_QKV, bias).lower(lowering_platforms=("tpu",)).as_text(debug_info=True)
     analysis = analyze(read_text(text), engine="embedded")
     assert [u.kind for u in analysis.unpriced_ops] == ["stablehlo.custom_call @tpu_custom_call"]
     assert analysis.flop_scales == {} and analysis.invalid == ()
@@ -352,6 +422,129 @@ def test_splash_kernels_in_shard_map_are_ruled_and_priced_per_device_at_the_quer
     # Within the region the kernel splits its vmapped batch and heads (one color with the forward's output's).
     out = program.ops[fwd].results[3]
     assert analysis.color_of[analysis.names.use_name(fwd, 2, 1)] == analysis.color_of[analysis.names.def_base[out] + 1]
+
+
+# Grouped-query splash attention (make_splash_mha, as MaxText calls it without repeating k and v): q [2, 4, 256, 64],
+# k and v [2, 2, 256, 64] bf16 (4 query heads over 2 key/value heads), the kernel vmapped over the batch, a causal
+# mask, blocks of 128 (the mask info [1, 2, 2]: one mask for every head, 2 q blocks, 2 kv blocks); forward and
+# backward. Operands: the 2 mask-info arrays, q, k, v, ...
+GQA_B, GQA_H, GQA_K, GQA_S = 2, 4, 2, 256
+GQA_SQUARE = GQA_B * GQA_H * GQA_S * GQA_S * D  # 33554432: one attention matmul of the 4 query heads
+# Bytes: q, o, dO, dQ [2, 4, 256, 64] bf16; k, v, dK, dV [2, 2, 256, 64] bf16 (their own 2 heads); the mask info
+# 2 x [1, 2, 2] i8; the forward's logsumexp [2, 4, 256, 128] f32, the backward's logsumexp and di [2, 4, 8, 256]
+# (dK dV) and [2, 4, 1, 256] (dQ) f32; the mask's q_sequence [256, 128] i32 (forward, dQ) and [8, 256] (dK dV).
+# The kernels' scratch results are unused: not written.
+GQA_Q, GQA_KV, GQA_MASK = GQA_B * GQA_H * GQA_S * D * 2, GQA_B * GQA_K * GQA_S * D * 2, 2 * 4  # 262144, 131072, 8
+
+
+def _gqa_splash_grad(q, k, v):
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as splash_mask
+
+    blocks = splash.BlockSizes(block_q=128, block_kv=128, block_kv_compute=128, block_q_dkv=128, block_kv_dkv=128,
+                               block_kv_dkv_compute=128, block_q_dq=128, block_kv_dq=128)
+    mask = splash_mask.MultiHeadMask(masks=(splash_mask.CausalMask(shape=(GQA_S, GQA_S)),) * GQA_H)
+    kernel = splash.make_splash_mha(mask=mask, head_shards=1, q_seq_shards=1, block_sizes=blocks)
+    return jax.grad(lambda q, k, v: jax.vmap(kernel)(q, k, v).astype(jnp.float32).sum(), argnums=(0, 1, 2))(q, k, v)
+
+
+@pytest.fixture(scope="module")
+def gqa_splash_text() -> str:
+    q = jax.ShapeDtypeStruct((GQA_B, GQA_H, GQA_S, D), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((GQA_B, GQA_K, GQA_S, D), jnp.bfloat16)
+    return jax.jit(_gqa_splash_grad).trace(q, kv, kv).lower(lowering_platforms=("tpu",)).as_text(debug_info=True)
+
+
+@pytest.mark.parametrize("engine", engines())
+def test_grouped_query_splash_prices_the_query_heads_and_splits_them_with_the_key_value_heads(
+        engine, gqa_splash_text, unit):
+    analysis = analyze(read_text(gqa_splash_text), engine=engine)
+    assert analysis.invalid == () and analysis.unpriced_ops == ()
+    assert [u for u in analysis.unruled_ops if "custom_call" in u.kind] == []
+    ops = _kernels(analysis)
+    fwd, dkv, dq = "splash_mha_fwd_residuals", "splash_mha_dkv_no_residuals", "splash_mha_dq_no_residuals"
+    assert set(ops) == {fwd, dkv, dq}
+    program = analysis.program
+    assert [program.values[v].shape for v in program.ops[ops[fwd]].operands][:5] == [
+        (1, 2, 2), (1, 2, 2), (GQA_B, GQA_H, GQA_S, D), (GQA_B, GQA_K, GQA_S, D), (GQA_B, GQA_K, GQA_S, D)]
+
+    # FLOPs of the 4 query heads (the unit profile's bf16 peak is 1e12, no cost estimate); k and v at their own size.
+    flops, moved, collectives = _work(analysis, unit, ops)
+    assert flops == pytest.approx({fwd: 4 * GQA_SQUARE, dkv: 8 * GQA_SQUARE, dq: 6 * GQA_SQUARE})
+    assert moved == {
+        fwd: GQA_MASK + GQA_Q + 2 * GQA_KV + GQA_S * 128 * 4 + GQA_Q + GQA_B * GQA_H * GQA_S * 128 * 4,  # -> o, lse
+        dkv: GQA_MASK + GQA_Q + 2 * GQA_KV + 2 * GQA_B * GQA_H * 8 * GQA_S * 4 + GQA_Q + 8 * GQA_S * 4 + 2 * GQA_KV,
+        dq: GQA_MASK + GQA_Q + 2 * GQA_KV + 2 * GQA_B * GQA_H * GQA_S * 4 + GQA_Q + GQA_S * 128 * 4 + GQA_Q}
+    assert moved[fwd] == 1966088 and collectives == []
+
+    # The query heads split with the key/value heads (query head h reads key/value head h // 2): half of every
+    # kernel's work, no collective.
+    color = analysis.color_of
+    assert color[analysis.dim_name("q", 1)] == color[analysis.dim_name("k", 1)] == color[analysis.dim_name("v", 1)]
+    heads, _, collectives = _work(analysis, unit, ops, "d=2", ("q", 1))
+    assert heads == pytest.approx({name: value / 2 for name, value in flops.items()}) and collectives == []
+    # Over 4 devices a device would hold half a key/value head.
+    model = ShardingModel(analysis, parse_mesh("d=4"))
+    with pytest.raises(InvalidState, match=re.escape("k[1] has 2 elements, not divisible by the 4 devices")):
+        model.apply(model.initial(), Action(int(color[analysis.dim_name("q", 1)]), "d"))
+
+    # The query sequence: the forward and dQ halve (their mask info's q blocks split with it); dK dV reads every query
+    # row (q, dO and the statistics are gathered for it).
+    seq, _, collectives = _work(analysis, unit, ops, "d=2", ("q", 2))
+    assert seq == pytest.approx({fwd: 2 * GQA_SQUARE, dkv: 8 * GQA_SQUARE, dq: 3 * GQA_SQUARE})
+    gathered = {(c.op, c.operand) for c in collectives if c.kind == "all-gather"}
+    assert {(ops[dkv], 2), (ops[dkv], 6)} <= gathered
+    assert not {(ops[op], k) for op in (fwd, dq) for k in range(6)} & gathered
+    # An axis splitting the query sequence divides the 2 q blocks: 4 devices would split a block.
+    with pytest.raises(InvalidState, match="has 2 elements, not divisible by the 4 devices"):
+        model.apply(model.initial(), Action(int(color[analysis.dim_name("q", 2)]), "d"))
+
+    # The key sequence splits in no kernel: k is gathered for each, the work is whole.
+    keys, _, collectives = _work(analysis, unit, ops, "d=2", ("k", 2))
+    assert keys == pytest.approx(flops)
+    assert {(ops[fwd], 3), (ops[dkv], 3)} <= {(c.op, c.operand) for c in collectives if c.kind == "all-gather"}
+
+
+def _mqa_splash_text(block: int) -> str:
+    """make_splash_mqa's forward, blocks of ``block`` rows: q [4, 256, 64], one key/value head, k and v [256, 64]
+    bf16 (no heads dim to group)."""
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as splash_mask
+
+    blocks = splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block)
+    mask = splash_mask.MultiHeadMask(masks=(splash_mask.CausalMask(shape=(GQA_S, GQA_S)),) * GQA_H)
+    kernel = splash.make_splash_mqa(mask=mask, head_shards=1, q_seq_shards=1, block_sizes=blocks)
+
+    def attend(q, k, v):
+        return kernel(q, k, v)
+
+    q = jax.ShapeDtypeStruct((GQA_H, GQA_S, D), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((GQA_S, D), jnp.bfloat16)
+    return jax.jit(attend).trace(q, kv, kv).lower(lowering_platforms=("tpu",)).as_text(debug_info=True)
+
+
+def test_multi_query_splash_splits_its_heads_freely_and_its_forward_the_query_sequence_of_blocks(unit):
+    analysis = analyze(read_text(_mqa_splash_text(128)), engine="embedded")
+    assert analysis.invalid == () and analysis.unpriced_ops == ()
+    ops = _kernels(analysis)
+    assert set(ops) == {"splash_mqa_fwd_no_residuals"}
+    whole = 4 * GQA_H * GQA_S * GQA_S * D  # 67108864
+    assert _flops(analysis, unit, ops)[0] == pytest.approx({"splash_mqa_fwd_no_residuals": whole})
+    # The 4 heads over 4 devices: a quarter each, k and v whole on every device.
+    heads, collectives = _flops(analysis, unit, ops, "d=4", ("q", 0))
+    assert heads == pytest.approx({"splash_mqa_fwd_no_residuals": whole / 4}) and collectives == []
+    # The query sequence over 2 (one q block each): half.
+    seq, collectives = _flops(analysis, unit, ops, "d=2", ("q", 1))
+    assert seq == pytest.approx({"splash_mqa_fwd_no_residuals": whole / 2}) and collectives == []
+
+    # One block of the whole sequence: the call cannot split it (its local sequence would be shorter than its
+    # block), and does not forbid the split elsewhere: q is gathered for it, its work whole.
+    analysis = analyze(read_text(_mqa_splash_text(GQA_S)), engine="embedded")
+    assert analysis.invalid == () and analysis.unpriced_ops == () and analysis.major_factors == {}
+    ops = _kernels(analysis)
+    seq, collectives = _flops(analysis, unit, ops, "d=2", ("q", 1))
+    assert seq == pytest.approx({"splash_mqa_fwd_no_residuals": whole})
+    assert [(c.kind, c.op, c.operand) for c in collectives] == [("all-gather", ops["splash_mqa_fwd_no_residuals"], 2)]
 
 
 # cuDNN's fused attention: jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn") lowered on an

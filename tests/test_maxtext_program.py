@@ -21,7 +21,7 @@ from conftest import assert_like
 
 from benchmarks.programs import maxtext
 from toast import Roles, ShardingModel, analyze, load_roles, manual_strategy, parse_mesh, read_text
-from toast.errors import InputError, InvalidRules
+from toast.errors import InputError
 from toast.sharding.strategies import role_colors
 
 ROLES = maxtext.__file__.replace(".py", ".roles.toml")
@@ -128,12 +128,17 @@ def test_toast_rules_and_prices_every_op(attention, settings, more):
     assert analysis.unruled_ops == () and analysis.unpriced_ops == () and analysis.invalid == ()
 
 
-@pytest.mark.xfail(raises=InvalidRules, strict=True,
-                   reason="rules/ops/kernels.dl gives splash's k and v heads dim the query's heads role: "
-                          "grouped-query splash (K < H, as MaxText calls it) breaks kernel_role_size")
-def test_grouped_query_splash_is_ruled():
-    analysis = analyze(_program(attention="splash", **KERNELS["splash"][0]), engine="embedded")
-    assert analysis.unpriced_ops == ()
+def test_grouped_query_splash_is_ruled_with_the_key_value_heads_grouped_under_the_querys():
+    # As MaxText calls it: k and v with their own K = 2 heads against the query's H = 4 (no repeat).
+    analysis = _analysis(attention="splash", **KERNELS["splash"][0])
+    assert analysis.unruled_ops == () and analysis.unpriced_ops == () and analysis.invalid == ()
+    program = analysis.program
+    forward = next(op for op in program.ops if op.attr("kernel") == "splash_mha_fwd_residuals")
+    q, k, v = (program.values[forward.operands[i]] for i in (2, 3, 4))  # after the 2 mask-info arrays
+    assert (q.shape, k.shape, v.shape) == ((2, 4, 128, 64), (2, 2, 128, 64), (2, 2, 128, 64))
+    # The query's heads and the keys' are one name (split together, by a divisor of K).
+    heads = {int(analysis.color_of[analysis.names.use_name(forward.id, operand, 1)]) for operand in (2, 3, 4)}
+    assert len(heads) == 1
 
 
 @pytest.mark.parametrize("arch", [MT2023, LLAMA], ids=["mt2023", "llama"])

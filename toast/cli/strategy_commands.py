@@ -101,7 +101,8 @@ def _run_shard(options: argparse.Namespace, analysis, plan: ShardPlan) -> int:
     print(f"step time {human_seconds(cost.step_time_s)} ({cost.kernels} kernels), peak memory "
           f"{human_bytes(cost.peak_bytes)} per device")
     print("  " + ", ".join(f"{key.removesuffix('_s').replace('_', ' ')} {human_seconds(seconds)}"
-                           for key, seconds in cost.breakdown.items()))
+                           for key, seconds in cost.breakdown.items()
+                           if seconds or "host_transfer" not in key))  # host copies: where a program has them
     print(f"relative cost {cost.relative:.3f}: the step time over the unsharded program's on one device"
           + (", plus the penalty for memory over the device's" if cost.peak_bytes > hardware.hbm_bytes else ""))
     print("collectives: " + (", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "none"))
