@@ -13,7 +13,7 @@
 3. MaxText's form: the gradient of a scan over 8 layers whose remat policy saves, or offloads, each layer's
    ``q`` (bf16[8192,4096], 64 MiB): memory stats and step times of both.
 
-The measurement behind toast's host-transfer pricing (``CostModel._host_transfers``).
+The measurement behind toast's host-transfer pricing (``toast.cost.schedule.host_transfers``).
 """
 
 from __future__ import annotations

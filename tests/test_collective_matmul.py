@@ -1,11 +1,11 @@
-"""Collective matmul (XLA's windowed einsum, ``toast.cost.overlap``): a tensor-parallel collective hidden behind
-the matmul it feeds or follows on TPU profiles, and GPU profiles unchanged.
+"""Collective matmul (XLA's windowed einsum, ``toast.cost.overlap``): a tensor-parallel collective hidden behind the
+matmul it feeds or follows on TPU profiles, and GPU profiles unchanged.
 
 Every expected number is worked out by hand from the ``tpu_v5p`` profile with its matmul efficiency set to 0.70 (the
 profile's own is fitted to published runs, ``benchmarks/fit_tpu_kernels.py``, and may move): a bf16 matmul runs at
-459e12 FLOP/s x 0.70 = 3.213e14 FLOP/s plus 10 us per call, a memory-bound kernel at 2765e9 B/s x 0.79 = 2.18435e12 B/s plus
-1.7 us, 74 us per step; ICI rings at 1.8e11 B/s with 1 us per step (``toast.cost.network``): an all-gather over n
-devices takes ``(n-1) * 1e-6 + (n-1)/n * S / 1.8e11`` with S the gathered bytes, an all-reduce twice that. A
+459e12 FLOP/s x 0.70 = 3.213e14 FLOP/s plus 10 us per call, a memory-bound kernel at 2765e9 B/s x 0.79 = 2.18435e12
+B/s plus 1.7 us, 74 us per step; ICI rings at 1.8e11 B/s with 1 us per step (``toast.cost.network``): an all-gather
+over n devices takes ``(n-1) * 1e-6 + (n-1)/n * S / 1.8e11`` with S the gathered bytes, an all-reduce twice that. A
 collective of C seconds folded into a matmul of M seconds over n devices leaves ``C/n + (n-1)/n * max(0, C - M)``
 exposed.
 """

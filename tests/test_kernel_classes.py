@@ -17,8 +17,11 @@ import jax.numpy as jnp
 import pytest
 from conftest import ONE_LEVEL, analysis_of, engines, round_numbers_profile
 
-from toast import CostModel, SearchSettings, ShardingModel, analyze, autoshard, load_hardware, parse_mesh
+from toast import CostModel, SearchSettings, ShardingModel, ToastError, analyze, autoshard, load_hardware, parse_mesh
+from toast.analysis.kernel_semantics import KernelClass
 from toast.cli import main
+from toast.datalog.embedded import run_embedded_file
+from toast.datalog.variants import assemble, load_variant
 from toast.examples import EXAMPLES
 
 N = 1024
@@ -108,3 +111,30 @@ def test_toast_analyze_lists_unpriced_ops_beside_unruled_ones(tmp_path, capsys):
     assert main(["analyze", str(program), "--engine", "embedded", "--rules", str(_rules(tmp_path, CLASSIFIED))]) == 0
     ruled = capsys.readouterr().out
     assert "unruled ops: none" in ruled and "unpriced ops: none" in ruled
+
+
+def test_the_rules_known_classes_are_the_cost_models_vocabulary(tmp_path):
+    """The rules' ``known_kernel_class`` rows (rules/nda.dl, read back by running the default rule program) are
+    exactly ``KernelClass``, the classes the kernel plan names."""
+    program = tmp_path / "program.dl"
+    program.write_text(assemble(load_variant("default")).text)
+    rows = run_embedded_file(program, {}, ["known_kernel_class"])["known_kernel_class"]
+    assert sorted(rows) == sorted((str(c),) for c in KernelClass)
+    assert len(rows) == 11
+
+
+def test_an_unknown_class_is_refused_where_the_cost_model_reads_it(tmp_path, unit):
+    """A rule giving a class no ``KernelClass`` names fails the rules' invariant; an analysis kept anyway
+    (``check_invariants=False``) is refused, in one line naming the row, where its kernel plan reads the class (it
+    was read as a class of no kernel: the call cost nothing)."""
+    rules = _rules(tmp_path, IDENTITIES + 'custom_call_class("my_scale", "gpu_magic").\n')
+    analysis = analyze("my_scale", fn=my_scale_step, args=ARGS, engine="embedded", rules=rules,
+                       check_invariants=False)
+    assert [(i.check, i.detail) for i in analysis.invalid] == [("kernel_class_unknown",
+                                                                 "custom_call @my_scale: gpu_magic")]
+    model = ShardingModel(analysis, parse_mesh("d=1"))
+    with pytest.raises(ToastError) as raised:
+        CostModel(model, unit)
+    assert str(raised.value) == ("rules' custom_call_class(\"my_scale\", \"gpu_magic\"): unknown kernel class "
+                                 "'gpu_magic' (the known ones: view, inline, loop, branch, terminator, matmul, "
+                                 "library, reduction, scatter, cheap, fusible)")

@@ -150,8 +150,8 @@ def test_a_batch_split_embedding_gradient_is_one_all_reduce_of_the_table():
 
 SEQUENCE_PEAK_GAP = (
     "XLA combines the 38 all-reduces over batch into one (all-reduce.89), whose results are live at once beside "
-    "their inputs at its peak (466,180 B); the model's combiner (CostModel._combine_groups) splits them where a "
-    "reduction due early falls between, so its peak is 29% under XLA's live peak")
+    "their inputs at its peak (466,180 B); the model's combiner (toast.cost.schedule.combine_groups) splits them "
+    "where a reduction due early falls between, so its peak is 29% under XLA's live peak")
 
 
 @pytest.mark.parametrize("strategy", [

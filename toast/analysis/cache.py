@@ -84,6 +84,7 @@ _TOAST_CLASSES = (
     "toast.analysis.conflict_types:ConflictSite",
     "toast.analysis.conflict_types:Conflicts",
     "toast.analysis.conflict_types:ResolutionGroup",
+    "toast.analysis.kernel_semantics:KernelClass",
     "toast.analysis.kernel_semantics:KernelSemantics",
     "toast.analysis.named_dimensions:Analysis",
     "toast.analysis.named_dimensions:Color",

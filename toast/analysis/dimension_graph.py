@@ -37,6 +37,7 @@ import numpy as np
 
 from toast.facts.numbering import DimensionNames
 from toast.frontend.ir import TERMINATORS, Program
+from toast.frontend.loops import WHILE, loop_nest
 
 # Roles of the names of a while loop's carried values (see the module docstring). A name
 # with role r lies in graph node ``node + r * names``; block arguments keep role 0 (``in``).
@@ -63,25 +64,14 @@ class Loops:
     @staticmethod
     def of(program: Program, names: DimensionNames) -> Loops:
         """The loops of ``program`` (linear in the program)."""
-        ops = program.ops
-        loop_of = [-1] * len(ops)  # innermost while holding each op (ops: parents first)
-        for op in ops:
-            if op.parent is not None:
-                parent = op.parent[0]
-                loop_of[op.id] = parent if ops[parent].kind == "stablehlo.while" else loop_of[parent]
-        enclosing = {op.id: loop_of[op.id] for op in ops if op.kind == "stablehlo.while"}
-        value_scope = np.full(len(program.values), -1, dtype=np.int64)
+        nest = loop_nest(program)
+        enclosing = {loop.op: loop.enclosing for loop in nest.loops.values()}
+        value_scope = nest.loop_of_value
         value_role = np.zeros(len(program.values), dtype=np.int8)
-        for op in ops:
-            inner = op.id if op.kind == "stablehlo.while" else loop_of[op.id]
-            for region in op.regions:
-                value_scope[list(region)] = inner
-            if op.results:
-                value_scope[list(op.results)] = loop_of[op.id]
-                if op.kind == "stablehlo.while":
-                    value_role[list(op.results)] = RESULT
+        for loop in nest.loops:
+            value_role[list(program.ops[loop].results)] = RESULT
         sites = names.use_sites
-        use_scope = np.fromiter((loop_of[s.op] for s in sites), dtype=np.int64, count=len(sites))
+        use_scope = nest.loop_of_op[np.fromiter((s.op for s in sites), dtype=np.int64, count=len(sites))]
         use_role = np.fromiter((_use_role(program, s.op) for s in sites), dtype=np.int8, count=len(sites))
         def_ranks = np.fromiter((len(v.shape) for v in program.values), dtype=np.int64, count=len(program.values))
         use_ranks = def_ranks[np.fromiter((s.value for s in sites), dtype=np.int64, count=len(sites))]
@@ -99,9 +89,9 @@ class Loops:
 
 def _use_role(program: Program, op_id: int) -> int:
     op = program.ops[op_id]
-    if op.kind == "stablehlo.while":
+    if op.kind == WHILE:
         return ENTRY
-    if op.parent is not None and op.kind in TERMINATORS and program.ops[op.parent[0]].kind == "stablehlo.while":
+    if op.parent is not None and op.kind in TERMINATORS and program.ops[op.parent[0]].kind == WHILE:
         return EXIT
     return PLAIN
 

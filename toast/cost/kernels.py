@@ -32,7 +32,8 @@ rows. An op of no class (an ``unpriced_op``) runs as a library call.
   live only during the op (the reference's optimized HLO: ``fused_reduce_window`` then ``fused_scatter``).
 - **Loops.** A ``stablehlo.while`` runs its body's kernels once per iteration: the trip count is read from
   the loop when it counts from a constant to a constant by a constant (what ``lax.scan`` and ``fori_loop``
-  emit), else taken as 1 (``Loop.trip_count_known`` says which). ``if``/``case`` run one branch.
+  emit), else taken as 1 (``Loop.trip_count_known`` says which; ``toast.frontend.loops``). ``if``/``case`` run
+  one branch.
 - **Memory kinds.** A placement (``jax.device_put`` to ``jax.memory.Space.Host``, an offloading remat policy:
   ``Value.memory_kind``) into the memory its operand is not in is a copy (``Transfer``), not a view: an offload's
   result is a buffer in host memory, a fetch's a device buffer of its own. Host data stays host data through views,
@@ -47,12 +48,14 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
-from toast.analysis.kernel_semantics import UNPRICED_CLASS, KernelSemantics
+from toast.analysis.kernel_semantics import UNPRICED_CLASS, KernelClass, KernelSemantics
 from toast.frontend.ir import HOST_MEMORY_KINDS, TERMINATORS, Program
+from toast.frontend.loops import Loop, LoopNest, loop_nest
 
 # Bits per component of a select-and-scatter's selection (the selected value and its index per dimension).
 SELECTION_BITS = 32
@@ -61,6 +64,25 @@ SELECTION_BITS = 32
 # most this many ops (a bound of ours, which keeps building the plan linear in the program).
 MAX_FUSION_OPERANDS_AND_OUTPUTS = 96
 MAX_DUPLICATED_OPS = 256
+# The plan's categories beside the rules' kernel classes: an op in the scalar computation of a reduce (scatter,
+# sort, ...), a fusible op recomputed in the kernels of its readers, an update written in place by the kernel
+# making it; and the kind of a loop fusion's kernel.
+COMPUTATION, RECOMPUTED, IN_PLACE, FUSION = "computation", "recomputed", "in_place", "fusion"
+# Classes whose ops hand their operands on to a region or the caller (no kernel of their own).
+HANDS_ON = frozenset({KernelClass.TERMINATOR, KernelClass.LOOP, KernelClass.BRANCH})
+# Classes whose ops hold regions that run as scheduling scopes of their own.
+_SCOPES = frozenset({KernelClass.LOOP, KernelClass.BRANCH})
+# Classes whose ops' regions are not a scalar computation of theirs.
+_CONTROL = frozenset({KernelClass.INLINE, KernelClass.LOOP, KernelClass.BRANCH})
+# Categories of the kernels a kernel's ops are, most telling first: the kernel's kind (else a loop fusion).
+_KERNEL_KINDS = (KernelClass.MATMUL, KernelClass.LIBRARY, KernelClass.SCATTER, KernelClass.REDUCTION)
+# Categories that root a kernel of their own (a cheap producer where stored).
+_FORMS_KERNEL = frozenset({KernelClass.FUSIBLE, KernelClass.REDUCTION, KernelClass.SCATTER, KernelClass.LIBRARY,
+                           KernelClass.MATMUL})
+# Readers a fusible producer may fuse into.
+_FUSES_INTO = frozenset({KernelClass.FUSIBLE, KernelClass.REDUCTION, KernelClass.SCATTER})
+# Library calls (their own kernel, whose operands are stored).
+_CALLS = frozenset({KernelClass.MATMUL, KernelClass.LIBRARY})
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,8 +90,8 @@ class Kernel:
     """One kernel launch.
 
     Attributes:
-      kind: ``"matmul"`` (dot_general/convolution), ``"library"`` (other library calls), ``"reduction"``,
-        ``"scatter"`` or ``"fusion"`` (a loop fusion).
+      kind: ``KernelClass.MATMUL`` (dot_general/convolution), ``LIBRARY`` (other library calls), ``REDUCTION``,
+        ``SCATTER`` or ``FUSION`` (a loop fusion).
       ops: op ids it runs, in program order.
       loop: the innermost ``stablehlo.while`` holding it (op id), ``-1`` at top level.
       repeats: how many times one step runs it (the product of the enclosing loops' trip counts).
@@ -79,21 +101,6 @@ class Kernel:
     ops: tuple[int, ...]
     loop: int
     repeats: int
-
-
-@dataclass(frozen=True, slots=True)
-class Loop:
-    """A ``stablehlo.while`` as the cost model sees it.
-
-    Attributes:
-      op: the while op's id.
-      trip_count: iterations per step (1 when not known).
-      trip_count_known: whether the count was read from the loop.
-    """
-
-    op: int
-    trip_count: int
-    trip_count_known: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,13 +141,14 @@ class KernelPlan:
 
     Attributes:
       program: the program.
-      op_class: per op id, its kernel class (rules/nda.dl's ``known_kernel_class``; ``"library"`` for an unpriced
+      op_class: per op id, its kernel class (rules/nda.dl's ``known_kernel_class``; ``LIBRARY`` for an unpriced
         op).
       root: ``int64[values]``, the value whose buffer each value is (itself unless a view).
       kernels: every kernel, in launch order.
       kernel_of_op: ``int64[ops]``, the kernel running each op (``-1``: views, control, cheap producers
         recomputed in their consumers).
-      loops: ``op id -> Loop`` for every ``stablehlo.while``.
+      nest: the program's loops (``toast.frontend.loops.loop_nest``).
+      loops: ``op id -> Loop`` for every ``stablehlo.while`` (``nest.loops``).
       reads: ``(kernel, value, weight value)`` rows as three ``int64`` arrays: the kernel reads the buffer of
         ``value`` and moves as many bytes as ``weight value`` holds (itself, or the result of a gather/slice).
       writes: ``(kernel, value, weight value)`` rows likewise for the values a kernel writes for others.
@@ -161,11 +169,12 @@ class KernelPlan:
     def __init__(self, program: Program, *, semantics: KernelSemantics):
         self.program = program
         self.semantics = semantics
-        self.loops: dict[int, Loop] = {}
+        self.nest: LoopNest = loop_nest(program)
+        self.loops: Mapping[int, Loop] = self.nest.loops
         self.op_class = [semantics.class_of(op) or UNPRICED_CLASS for op in program.ops]
         # The passes, in order; each reads what the ones before made.
         root = self._memory_spaces(self._view_roots())
-        self._scopes_and_loops()
+        self._scopes()
         category = self._categories()
         users, escapes = self._users_and_escapes(root, category)
         materialized_cheap = self._materialized_cheap(category, escapes)
@@ -190,15 +199,15 @@ class KernelPlan:
         source = list(range(value_count))
         for op in ops:
             cls = op_class[op.id]
-            if cls == "view" and op.operands:
+            if cls == KernelClass.VIEW and op.operands:
                 for k, value_id in enumerate(op.results):
                     if not values[value_id].memory_kind:  # a placement: its own buffer here (_memory_spaces)
                         source[value_id] = op.operands[min(k, len(op.operands) - 1)]
-            elif cls in ("inline", "loop"):
-                for args in op.regions[-1:] if cls == "loop" else op.regions[:1]:
+            elif cls in (KernelClass.INLINE, KernelClass.LOOP):
+                for args in op.regions[-1:] if cls == KernelClass.LOOP else op.regions[:1]:
                     for value_id, operand in zip(args, op.operands, strict=False):
                         source[value_id] = operand
-                if cls == "loop":
+                if cls == KernelClass.LOOP:
                     for value_id, operand in zip(op.results, op.operands, strict=False):
                         source[value_id] = operand
                     if op.regions:
@@ -211,7 +220,7 @@ class KernelPlan:
             if op.kind in TERMINATORS and op.parent is not None:
                 returns[op.parent] = op.id
         for op in ops:
-            if op_class[op.id] == "inline" and (op.id, 0) in returns:
+            if op_class[op.id] == KernelClass.INLINE and (op.id, 0) in returns:
                 inner = ops[returns[(op.id, 0)]]
                 for value_id, returned in zip(op.results, inner.operands, strict=False):
                     source[value_id] = returned
@@ -250,11 +259,12 @@ class KernelPlan:
         dropped: set[int] = set()
         hosted = [v.memory_kind in HOST_MEMORY_KINDS for v in values]
         for op in ops:
-            if op_class[op.id] != "view" or len(op.operands) != 1 or len(op.results) != 1:
+            if op_class[op.id] != KernelClass.VIEW or len(op.operands) != 1 or len(op.results) != 1:
                 continue
             (first,), (second,) = op.operands, op.results
             if values[second].memory_kind and values[first].memory_kind and uses[first] == 1 and \
-                    producer[first] >= 0 and op_class[producer[first]] == "view" and hosted[first] != hosted[second]:
+                    producer[first] >= 0 and op_class[producer[first]] == KernelClass.VIEW and \
+                    hosted[first] != hosted[second]:
                 dropped.update((first, second))
         for value in values:
             if value.memory_kind in HOST_MEMORY_KINDS and value.id not in dropped:
@@ -268,7 +278,7 @@ class KernelPlan:
                 passes.append((op.operands[in_place_update[op.kind][1]], op.results[0]))
             elif (op.kind, 0) in touched:
                 passes.append((op.operands[0], op.results[0]))
-            elif op_class[op.id] == "cheap" and len(op.operands) == 1 and values[op.operands[0]].bits == \
+            elif op_class[op.id] == KernelClass.CHEAP and len(op.operands) == 1 and values[op.operands[0]].bits == \
                     values[op.results[0]].bits and math.prod(values[op.operands[0]].shape) == \
                     math.prod(values[op.results[0]].shape):
                 passes.append((op.operands[0], op.results[0]))
@@ -281,7 +291,7 @@ class KernelPlan:
                     host[r] = changed = True
         merged: dict[int, int] = {}
         for op in ops:
-            if op_class[op.id] != "view" or not op.operands:
+            if op_class[op.id] != KernelClass.VIEW or not op.operands:
                 continue
             for k, value_id in enumerate(op.results):
                 if not values[value_id].memory_kind:
@@ -317,21 +327,17 @@ class KernelPlan:
                 self.host_data[value.id] = find(r)
         return root
 
-    def _scopes_and_loops(self) -> None:
-        """Sets ``scope`` (per op) and ``loops``."""
-        program, ops, op_class = self.program, self.program.ops, self.op_class
+    def _scopes(self) -> None:
+        """Sets ``scope`` (per op)."""
+        ops, op_class = self.program.ops, self.op_class
         # Scheduling scope of each op: the innermost loop or branch op holding it (inline regions are
         # transparent), -1 at top level.
         scope = [-1] * len(ops)
         for op in ops:
             if op.parent is not None:
                 parent = op.parent[0]
-                scope[op.id] = parent if op_class[parent] in ("loop", "branch") else scope[parent]
+                scope[op.id] = parent if op_class[parent] in _SCOPES else scope[parent]
         self.scope = scope
-        for op in ops:
-            if op_class[op.id] == "loop":
-                trips = _trip_count(program, op)
-                self.loops[op.id] = Loop(op.id, trips or 1, trips is not None)
 
     def _categories(self) -> list[str]:
         """Each op's category: its kernel class (``view`` for an inline call too), or ``computation`` inside a
@@ -342,9 +348,9 @@ class KernelPlan:
         category: list[str] = []
         for op in ops:
             in_computation = op.parent is not None and (
-                category[op.parent[0]] == "computation" or op_class[op.parent[0]] not in ("inline", "loop", "branch"))
+                category[op.parent[0]] == COMPUTATION or op_class[op.parent[0]] not in _CONTROL)
             cls = op_class[op.id]
-            category.append("computation" if in_computation else "view" if cls == "inline" else cls)
+            category.append(COMPUTATION if in_computation else KernelClass.VIEW if cls == KernelClass.INLINE else cls)
         return category
 
     def _users_and_escapes(self, root: np.ndarray, category: list[str]) -> tuple[list[list[int]], np.ndarray]:
@@ -356,9 +362,9 @@ class KernelPlan:
         escapes = np.zeros(value_count, dtype=bool)  # read by a terminator, a loop, a branch or a library call
         op_class = self.op_class
         for op in ops:
-            if op_class[op.id] in ("view", "inline") or category[op.id] == "computation":
+            if op_class[op.id] in (KernelClass.VIEW, KernelClass.INLINE) or category[op.id] == COMPUTATION:
                 continue
-            if op.kind in TERMINATORS and op.parent is not None and op_class[op.parent[0]] == "inline":
+            if op.kind in TERMINATORS and op.parent is not None and op_class[op.parent[0]] == KernelClass.INLINE:
                 continue  # a call's results are views of what its body returns: their readers read it
             for value_id in op.operands:
                 r = int(root[value_id])
@@ -370,8 +376,9 @@ class KernelPlan:
                 escapes[root[operand]] = True
         for op in ops:
             cat = category[op.id]
-            if cat in ("terminator", "loop", "branch", "library", "matmul"):
-                if cat == "terminator" and op.parent is not None and op_class[op.parent[0]] == "inline":
+            if cat in HANDS_ON or cat in _CALLS:
+                if cat == KernelClass.TERMINATOR and op.parent is not None and op_class[op.parent[0]] == \
+                        KernelClass.INLINE:
                     continue  # a call's results are views of what its body returns
                 for value_id in op.operands:
                     escapes[root[value_id]] = True
@@ -384,7 +391,7 @@ class KernelPlan:
         # Cheap producers are materialized only when something other than a fusible op reads them.
         materialized_cheap = np.zeros(len(ops), dtype=bool)
         for op in ops:
-            if category[op.id] == "cheap":
+            if category[op.id] == KernelClass.CHEAP:
                 for value_id in op.results:
                     if escapes[value_id]:
                         materialized_cheap[op.id] = True
@@ -413,11 +420,11 @@ class KernelPlan:
         readers_of = [[u for value_id in op.results for u in users[int(root[value_id])]] for op in ops]
         candidate = np.zeros(len(ops), dtype=bool)  # may fuse into its readers (if duplicating pays)
         for op in ops:
-            if category[op.id] != "fusible" or op.kind in self.semantics.in_place_update or not op.results:
+            if category[op.id] != KernelClass.FUSIBLE or op.kind in self.semantics.in_place_update or not op.results:
                 continue
             readers = readers_of[op.id]
             candidate[op.id] = bool(readers) and not any(escapes[int(root[v])] for v in op.results) and all(
-                category[u] in ("fusible", "reduction", "scatter") and scope[u] == scope[op.id] for u in readers)
+                category[u] in _FUSES_INTO and scope[u] == scope[op.id] for u in readers)
         value_bytes = [math.prod(v.shape) * (8 if v.bits == 1 else v.bits) / 8 for v in program.values]  # pred: a byte
 
         def duplication_pays(op_id: int, kernels: int) -> bool:
@@ -434,7 +441,7 @@ class KernelPlan:
                     r = int(root[value_id])
                     p = producer[r]
                     if p >= 0 and r in ops[p].results and (candidate[p] or (
-                            category[p] == "cheap" and not materialized_cheap[p])):
+                            category[p] == KernelClass.CHEAP and not materialized_cheap[p])):
                         if p not in visited:
                             visited.add(p)
                             stack.append(p)
@@ -455,13 +462,13 @@ class KernelPlan:
             if candidate[op.id]:
                 landed = frozenset().union(*(landing[u] for u in readers_of[op.id]))
                 if len(landed) == 1 or duplication_pays(op.id, len(landed)):
-                    fuses_into[op.id] = "recomputed"
+                    fuses_into[op.id] = RECOMPUTED
                     landing[op.id] = landed
-            elif op.kind in self.semantics.library_reads_in_place and category[op.id] == "fusible" and \
+            elif op.kind in self.semantics.library_reads_in_place and category[op.id] == KernelClass.FUSIBLE and \
                     readers_of[op.id] and not escapes[int(root[op.results[0]])] and all(
-                    category[u] in ("fusible", "reduction", "scatter", "matmul", "library") and scope[u] == scope[op.id]
+                    (category[u] in _FUSES_INTO or category[u] in _CALLS) and scope[u] == scope[op.id]
                     for u in readers_of[op.id]):
-                fuses_into[op.id] = "recomputed"  # every reader reads the slice where it lies
+                fuses_into[op.id] = RECOMPUTED  # every reader reads the slice where it lies
                 landing[op.id] = frozenset().union(*(landing[u] for u in readers_of[op.id]))
         return fuses_into
 
@@ -478,16 +485,18 @@ class KernelPlan:
             if op.kind in in_place_update and len(op.operands) > max(in_place_update[op.kind]):
                 update = int(root[op.operands[in_place_update[op.kind][1]]])
                 p = producer[update]
-                while p >= 0 and category[p] == "cheap" and not materialized_cheap[p] and len(ops[p].operands) == 1 \
-                        and len(users[update]) == 1:  # a broadcast adding the slice's unit dims: look through
+                # A broadcast adding the slice's unit dims: look through it.
+                while p >= 0 and category[p] == KernelClass.CHEAP and not materialized_cheap[p] and \
+                        len(ops[p].operands) == 1 and len(users[update]) == 1:
                     update = int(root[ops[p].operands[0]])
                     p = producer[update]
                 if p < 0 or update not in ops[p].results or scope[p] != scope[op.id]:
                     continue
-                if category[p] in ("matmul", "library") and users[update] == [op.id]:
-                    fuses_into[op.id] = "in_place"  # the call's result is written once, into the slice
-                elif fuses_into[p] in ("fusible", "reduction", "matmul", "library"):
-                    fuses_into[op.id] = "in_place"
+                if category[p] in _CALLS and users[update] == [op.id]:
+                    fuses_into[op.id] = IN_PLACE  # the call's result is written once, into the slice
+                elif fuses_into[p] in (KernelClass.FUSIBLE, KernelClass.REDUCTION, KernelClass.MATMUL,
+                                       KernelClass.LIBRARY):
+                    fuses_into[op.id] = IN_PLACE
                     in_place_writes.append((p, op.id))
         return in_place_writes
 
@@ -508,8 +517,8 @@ class KernelPlan:
             for value_id in ops[op_id].operands:
                 r = int(root[value_id])
                 p = producer[r]
-                if p >= 0 and r in ops[p].results and (fuses_into[p] == "recomputed" or (
-                        category[p] == "cheap" and not materialized_cheap[p])):
+                if p >= 0 and r in ops[p].results and (fuses_into[p] == RECOMPUTED or (
+                        category[p] == KernelClass.CHEAP and not materialized_cheap[p])):
                     found |= inputs_of(p)
                 else:
                     found.add(r)
@@ -521,7 +530,8 @@ class KernelPlan:
         group_results: dict[int, set[int]] = {}
         buckets: dict[tuple, list[int]] = {}
         for op in ops:
-            if category[op.id] != "reduction" or op.kind not in self.semantics.multi_output_fusible or not op.operands:
+            if category[op.id] != KernelClass.REDUCTION or op.kind not in self.semantics.multi_output_fusible or \
+                    not op.operands:
                 continue
             mine = set(inputs_of(op.id))
             made = {int(root[v]) for v in op.results}
@@ -554,8 +564,7 @@ class KernelPlan:
         forms_kernel = np.zeros(len(ops), dtype=bool)
         for op in ops:
             cat = fuses_into[op.id]
-            forms_kernel[op.id] = cat in ("fusible", "reduction", "scatter", "library", "matmul") or (
-                cat == "cheap" and materialized_cheap[op.id])
+            forms_kernel[op.id] = cat in _FORMS_KERNEL or (cat == KernelClass.CHEAP and materialized_cheap[op.id])
         members: dict[int, list[int]] = {}
         for op in ops:
             if forms_kernel[op.id]:
@@ -566,8 +575,7 @@ class KernelPlan:
         for index, group_ops in enumerate(ordered):
             kernel_of_op[group_ops] = index
             kinds = {category[o] for o in group_ops}
-            kind = ("matmul" if "matmul" in kinds else "library" if "library" in kinds else "scatter"
-                    if "scatter" in kinds else "reduction" if "reduction" in kinds else "fusion")
+            kind: str = next((k for k in _KERNEL_KINDS if k in kinds), FUSION)
             loop = self.enclosing_loop(group_ops[-1])
             kernels.append(Kernel(kind, tuple(group_ops), loop, self.repeats_in(loop)))
         self.kernels = tuple(kernels)
@@ -591,7 +599,7 @@ class KernelPlan:
             r = int(root[value_id])
             p = producer[r]
             if p >= 0 and r in ops[p].results and (
-                    (category[p] == "cheap" and not materialized_cheap[p]) or fuses_into[p] == "recomputed"):
+                    (category[p] == KernelClass.CHEAP and not materialized_cheap[p]) or fuses_into[p] == RECOMPUTED):
                 if p in seen:
                     return
                 seen.add(p)
@@ -623,7 +631,7 @@ class KernelPlan:
                     outside = escapes[value_id] or any(kernel_of_op[u] != index for u in users[value_id])
                     if outside:
                         write_rows.setdefault((index, value_id), value_id)
-                if self.op_class[op_id] == "scatter":
+                if self.op_class[op_id] == KernelClass.SCATTER:
                     inputs = (len(op.operands) - 1) // 2
                     scatter_rows.extend((index, u) for u in op.operands[inputs + 1:])
                 elif op.kind in window_selection and len(op.operands) > window_selection[op.kind][0]:
@@ -659,7 +667,8 @@ class KernelPlan:
         window_selection = self.semantics.window_selection
         splat_of = {}  # value id -> splat text, for constants (cheap ops of no operand)
         for op in ops:
-            splat = op.attr("splat") if op_class[op.id] == "cheap" and not op.operands and op.results else None
+            cheap = op_class[op.id] == KernelClass.CHEAP
+            splat = op.attr("splat") if cheap and not op.operands and op.results else None
             if splat is not None:
                 splat_of[op.results[0]] = splat
         wanted = set()  # (scope, splat, shape, dtype) of select-and-scatter targets
@@ -675,7 +684,7 @@ class KernelPlan:
         first: dict[tuple, int] = {}  # key -> the first equal broadcast's result
         remap = np.arange(len(root), dtype=np.int64)
         for op in ops:
-            if op_class[op.id] != "cheap" or not op.operands:  # a broadcast
+            if op_class[op.id] != KernelClass.CHEAP or not op.operands:  # a broadcast
                 continue
             result = program.values[op.results[0]]
             key = (self.scope[op.id], splat_of.get(int(root[op.operands[0]])), result.shape, result.dtype)
@@ -718,26 +727,16 @@ class KernelPlan:
         return tuple(found)
 
     def enclosing_loop(self, op_id: int) -> int:
-        """The innermost ``stablehlo.while`` holding op ``op_id`` (op id), ``-1`` at top level."""
-        s = self.scope[op_id]
-        while s >= 0 and s not in self.loops:
-            s = self.scope[s]
-        return s
+        """The innermost ``stablehlo.while`` holding op ``op_id`` (op id), ``-1`` at top level (``LoopNest``)."""
+        return self.nest.enclosing_loop(op_id)
 
     def outermost_loop(self, op_id: int) -> int:
         """The top-level ``stablehlo.while`` holding op ``op_id`` (op id), ``-1`` at top level."""
-        outer = loop = self.enclosing_loop(op_id)
-        while loop >= 0:
-            outer, loop = loop, self.enclosing_loop(loop)
-        return outer
+        return self.nest.outermost_loop(op_id)
 
     def repeats_in(self, loop: int) -> int:
         """How many times one step runs the body of ``loop`` (the product of the trip counts around it)."""
-        repeats = 1
-        while loop >= 0:
-            repeats *= self.loops[loop].trip_count
-            loop = self.enclosing_loop(loop)
-        return repeats
+        return self.nest.repeats_in(loop)
 
     def _live_ranges(self, users, escapes, materialized_cheap, category):
         program, ops = self.program, self.program.ops
@@ -766,7 +765,7 @@ class KernelPlan:
         results = {int(self.root[v]) for v in program.results}
         for op in ops:
             k = int(kernel_of_op[op.id])
-            if k < 0 or (category[op.id] == "cheap" and not materialized_cheap[op.id]):
+            if k < 0 or (category[op.id] == KernelClass.CHEAP and not materialized_cheap[op.id]):
                 continue
             for value_id in op.results:
                 r = int(self.root[value_id])
@@ -789,7 +788,7 @@ class KernelPlan:
         for r in list(born):
             end = max(born[r], last_read.get(r, -1))
             for u in users[r]:
-                if kernel_of_op[u] < 0 and category[u] in ("terminator", "loop", "branch"):
+                if kernel_of_op[u] < 0 and category[u] in HANDS_ON:
                     end = max(end, int(position[u]))
             dies[r] = end
         # Arguments live for the whole step. A result lives from the kernel that makes it to the end: XLA's
@@ -812,62 +811,6 @@ def _rows(rows: dict[tuple[int, int], int]) -> tuple[np.ndarray, np.ndarray, np.
     value = np.asarray([v for (_, v), _ in ordered], dtype=np.int64)
     weight = np.asarray([w for _, w in ordered], dtype=np.int64)
     return kernel, value, weight
-
-
-def _trip_count(program: Program, loop) -> int | None:
-    """Iterations of a counted while loop (``for i in range(a, b, s)`` as ``lax.scan``/``fori_loop`` lower
-    it): the condition compares a carried counter against a constant, the body adds a constant to it, and
-    the counter starts from a constant. ``None`` when the loop is not of that form."""
-    ops, producer = program.ops, program.producer
-    if len(loop.regions) < 2:
-        return None
-    cond_args, body_args = loop.regions[0], loop.regions[1]
-    cond_ops = [op for op in ops if op.parent == (loop.id, 0)]
-    body_ops = [op for op in ops if op.parent == (loop.id, 1)]
-    if not cond_ops or cond_ops[-1].kind not in TERMINATORS:
-        return None
-    condition = cond_ops[-1].operands[0]
-    compare = ops[producer[condition]] if producer[condition] >= 0 else None
-    if compare is None or compare.kind != "stablehlo.compare" or compare.parent != (loop.id, 0):
-        return None
-    direction = compare.attr("comparison_direction", "LT")
-    lhs, rhs = compare.operands
-    if direction == "GT":
-        lhs, rhs, direction = rhs, lhs, "LT"
-    if direction != "LT" or lhs not in cond_args:
-        return None
-    bound = _constant(program, rhs)
-    index = cond_args.index(lhs)
-    start = _constant(program, loop.operands[index]) if index < len(loop.operands) else None
-    if bound is None or start is None or not body_ops or body_ops[-1].kind not in TERMINATORS:
-        return None
-    next_value = body_ops[-1].operands[index]
-    add = ops[producer[next_value]] if producer[next_value] >= 0 else None
-    if add is None or add.kind != "stablehlo.add" or body_args[index] not in add.operands:
-        return None
-    other = add.operands[1] if add.operands[0] == body_args[index] else add.operands[0]
-    step = _constant(program, other)
-    if step is None or step <= 0:
-        return None
-    return max(0, -(-(bound - start) // step))
-
-
-def _constant(program: Program, value_id: int) -> int | None:
-    """The integer a scalar constant holds (through converts and reshapes), else ``None``."""
-    seen = 0
-    while seen < 4:
-        p = program.producer[value_id]
-        if p < 0:
-            return None
-        op = program.ops[p]
-        if op.kind == "stablehlo.constant":
-            scalar = op.attr("scalar")
-            return int(scalar) if scalar is not None else None
-        if op.kind not in ("stablehlo.convert", "stablehlo.reshape", "stablehlo.broadcast_in_dim") or not op.operands:
-            return None
-        value_id = op.operands[0]
-        seen += 1
-    return None
 
 
 def kernel_counts(plan: KernelPlan) -> dict[str, int]:

@@ -15,7 +15,7 @@ are issued:
   iteration.
 - **in the iteration**: the others (a tensor-parallel all-reduce between two layers' matmuls) run on the
   communication stream from when their operand is made to where it is read, within the iteration
-  (``CostModel._makespan`` over the body's kernels), or folded into the matmul they feed or follow where the
+  (``toast.cost.schedule.makespan`` over the body's kernels), or folded into the matmul they feed or follow where the
   profile runs collective matmuls and that exposes less (``toast.cost.overlap``).
 
 One iteration then takes ``max(its compute with the in-iteration waits, all its collectives back to back)``
@@ -35,6 +35,7 @@ import numpy as np
 from toast.cost.kernels import KernelPlan
 from toast.cost.overlap import folds, slack
 from toast.frontend.ir import TERMINATORS
+from toast.frontend.loops import WHILE, LoopNest
 
 # Ops through which a reduced gradient is only stored into a loop's carry (besides the rules' keeps_elements).
 _STORES = frozenset({"stablehlo.dynamic_update_slice", "stablehlo.add", "func.return", "stablehlo.return"})
@@ -61,33 +62,27 @@ class LoopOverlap:
     """
 
     def __init__(self, plan: KernelPlan, *, keeps_elements: frozenset[str]):
-        program = plan.program
-        ops, values = program.ops, program.values
+        program, nest = plan.program, plan.nest
+        values = program.values
         self.plan = plan
-        loop_of_op = np.asarray([plan.enclosing_loop(op.id) for op in ops], dtype=np.int64)
-        self.loop_of_op = loop_of_op
-        # The loop whose body holds each value's definition (-1: top level); a while's body block arguments: it.
-        loop_of_value = np.full(len(values), -1, dtype=np.int64)
-        for op in ops:
-            for value_id in op.results:
-                loop_of_value[value_id] = loop_of_op[op.id]
-            for args in op.regions:
-                loop_of_value[list(args)] = op.id if op.id in plan.loops else loop_of_op[op.id]
-        self.loop_of_value = loop_of_value
-        self.varying = self._varying(program, loop_of_value)
-        self.feeds_carry = self._feeds_carry(program, loop_of_op, keeps_elements)
+        # The loop whose body holds each op, and each value's definition (-1: top level; a while's body block
+        # arguments: it).
+        self.loop_of_op = loop_of_op = nest.loop_of_op
+        self.loop_of_value = nest.loop_of_value
+        self.varying = self._varying(program, nest)
+        self.feeds_carry = self._feeds_carry(program, nest, loop_of_op, keeps_elements)
         # Each kernel's first reader per value (through buffers): where a reduction's result is needed.
         read_kernel, read_value, _ = plan.reads
         first_read = np.full(len(values), len(plan.kernels), dtype=np.int64)
         np.minimum.at(first_read, np.asarray(plan.root, dtype=np.int64)[read_value], read_kernel)
         self.first_read_kernel = first_read[np.asarray(plan.root, dtype=np.int64)]
         self.bodies: dict[int, _Body] = {}
-        kernel_loops = [plan.enclosing_loop(k.ops[-1]) for k in plan.kernels]
+        kernel_loops = [int(loop_of_op[k.ops[-1]]) for k in plan.kernels]
         members: dict[int, list[int]] = {}
         for index, loop in enumerate(kernel_loops):
             while loop >= 0:
                 members.setdefault(loop, []).append(index)
-                loop = plan.enclosing_loop(loop)
+                loop = nest.loops[loop].enclosing
         repeats = np.asarray([k.repeats for k in plan.kernels], dtype=np.float64)
         for loop, kernels in members.items():
             iterations = float(plan.repeats_in(loop))
@@ -96,18 +91,18 @@ class LoopOverlap:
                                       iterations / plan.loops[loop].trip_count)
 
     @staticmethod
-    def _varying(program, loop_of_value: np.ndarray) -> np.ndarray:
+    def _varying(program, nest: LoopNest) -> np.ndarray:
         """``bool[values]``: made, in its loop's body, from what the loop changes from one iteration to the next
         (a carried tensor the body returns changed; not the scalar counter, not a passed-through stack)."""
-        ops, values = program.ops, program.values
+        ops, values, loop_of_value = program.ops, program.values, nest.loop_of_value
         varying = np.zeros(len(values), dtype=bool)
         returned: dict[tuple[int, int], tuple[int, ...]] = {}
         for op in ops:
             if op.kind in TERMINATORS and op.parent is not None:
                 returned[op.parent] = op.operands
         for op in ops:
-            if op.kind == "stablehlo.while" and len(op.regions) >= 2:
-                body = op.regions[1]
+            if op.id in nest.loops and len(op.regions) >= 2:
+                body = nest.loops[op.id].body_args
                 out = returned.get((op.id, 1), ())
                 for index, arg in enumerate(body):
                     changed = index < len(out) and out[index] != arg
@@ -119,12 +114,12 @@ class LoopOverlap:
             if op.results and op.operands:
                 # From a varying operand of the same loop's body (one made outside it is invariant here).
                 made_here = [varying[v] and loop_of_value[v] == loop_of_value[op.results[0]] for v in op.operands]
-                if any(made_here) or (op.kind == "stablehlo.while" and any(varying[v] for v in op.operands)):
+                if any(made_here) or (op.id in nest.loops and any(varying[v] for v in op.operands)):
                     varying[list(op.results)] = True
         return varying
 
     @staticmethod
-    def _feeds_carry(program, loop_of_op: np.ndarray, keeps_elements: frozenset[str]) -> np.ndarray:
+    def _feeds_carry(program, nest: LoopNest, loop_of_op: np.ndarray, keeps_elements: frozenset[str]) -> np.ndarray:
         """``bool[values]``: in a loop body, every use of the value (through reshapes, converts, calls' returns)
         only stores it into a slot of the loop's carry that the body never reads (``_accumulators``): through a
         ``dynamic_update_slice``, an add, the body's return."""
@@ -133,7 +128,7 @@ class LoopOverlap:
         for op in ops:
             for value_id in op.operands:
                 users.setdefault(value_id, []).append(op.id)
-        accumulator = LoopOverlap._accumulators(program, users)
+        accumulator = LoopOverlap._accumulators(program, nest, users)
         feeds = np.zeros(len(values), dtype=bool)
         # Backwards in program order, a value's users come first (a call's arguments after its body); a call's
         # results come before its return, so the pass repeats (once per level of nested calls) until nothing
@@ -141,7 +136,7 @@ class LoopOverlap:
         for _ in range(8):
             before = feeds.copy()
             for op in reversed(ops):
-                if loop_of_op[op.id] < 0 and op.kind != "stablehlo.while":
+                if loop_of_op[op.id] < 0 and op.id not in nest.loops:
                     continue
                 for value_id in (*op.results, *(v for args in op.regions for v in args)):
                     found = users.get(value_id, [])
@@ -152,7 +147,7 @@ class LoopOverlap:
         return feeds
 
     @staticmethod
-    def _accumulators(program, users: dict[int, list[int]]) -> np.ndarray:
+    def _accumulators(program, nest: LoopNest, users: dict[int, list[int]]) -> np.ndarray:
         """``bool[values]``: a value the loop body only writes into (a gradient accumulator: its uses are
         ``dynamic_update_slice`` into it, adds to it, the body's return, and calls passing it to such a use),
         never reads: the carry of a ``jax.lax.scan``'s stacked outputs, not its residual stream."""
@@ -174,10 +169,9 @@ class LoopOverlap:
                 return False
             return True
 
-        for op in ops:
-            if op.kind == "stablehlo.while" and len(op.regions) >= 2:
-                for arg in op.regions[1]:
-                    accumulator[arg] = bool(program.values[arg].shape) and only_written(arg)
+        for loop in nest.loops.values():
+            for arg in loop.body_args:
+                accumulator[arg] = bool(program.values[arg].shape) and only_written(arg)
         return accumulator
 
     def exposed(self, kernel_seconds: np.ndarray, op: np.ndarray, value: np.ndarray, operand: np.ndarray,
@@ -190,11 +184,11 @@ class LoopOverlap:
           op, value, operand: ``int64[rows]``, each collective's op, value and operand (``-1``: a reduction of the
             op's result).
           durations: ``float64[rows]``, one run of each.
-          makespan: ``CostModel._makespan``.
+          makespan: ``toast.cost.schedule.makespan``.
           axes_mask: ``int64[rows]``.
           folded: ``(int64[rows], float64[rows])``, the matmul kernel each can fold into (``-1``: none) and the
-            seconds it then leaves exposed per run (``CostModel._matmul_folds``): an in-iteration one folds where
-            that exposes less than the iteration's communication stream would (``toast.cost.overlap``), its
+            seconds it then leaves exposed per run (``toast.cost.pricing.matmul_folds``): an in-iteration one folds
+            where that exposes less than the iteration's communication stream would (``toast.cost.overlap``), its
             exposed part on its matmul.
         """
         exposed = np.zeros(len(op))
@@ -251,7 +245,7 @@ def _stores(user, value_id: int, ops, values, keeps_elements: frozenset[str], fe
     ``LoopOverlap._feeds_carry``): a value carried on to the next iteration's compute (the residual stream) is
     needed there at once."""
     if user.kind == "stablehlo.return":
-        if user.parent is None or ops[user.parent[0]].kind != "stablehlo.while":
+        if user.parent is None or ops[user.parent[0]].kind != WHILE:
             return False
         args = ops[user.parent[0]].regions[user.parent[1]]
         return all(index < len(args) and accumulator[args[index]]

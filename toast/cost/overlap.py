@@ -35,6 +35,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from toast.analysis.kernel_semantics import KernelClass
 from toast.cost.collectives import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
 from toast.cost.kernels import KernelPlan
 
@@ -45,14 +46,14 @@ class CollectiveMatmul:
     Args:
       plan: the kernel plan.
       contractions: the ops that contract (those with FLOP names: ``Analysis.flop_names``); the ones in a
-        ``"matmul"`` kernel are the matmuls collectives fold into.
+        ``KernelClass.MATMUL`` kernel are the matmuls collectives fold into.
     """
 
     def __init__(self, plan: KernelPlan, contractions: Iterable[int]):
         kernel_of_op = np.full(len(plan.program.ops), -1, dtype=np.int64)
         for op_id in contractions:
             kernel = int(plan.kernel_of_op[op_id])
-            if kernel >= 0 and plan.kernels[kernel].kind == "matmul":
+            if kernel >= 0 and plan.kernels[kernel].kind == KernelClass.MATMUL:
                 kernel_of_op[op_id] = kernel
         self.kernel_of_op = kernel_of_op
 

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from toast.analysis.named_dimensions import Analysis
+from toast.frontend.loops import loop_nest
 
 # Ops that hand an operand's dims on to their result (a call: to its callee's arguments) in a loop body.
 _PASS_ON = frozenset({"stablehlo.while", "func.call", "stablehlo.dynamic_slice", "stablehlo.dynamic_update_slice",
@@ -75,13 +76,7 @@ def _index(analysis: Analysis) -> _Index:
     for definition, use in analysis.m_edges:
         uses_of_def.setdefault(definition, []).append(use)
         def_of_use[use] = definition
-    ops = analysis.program.ops
-    in_loop = np.zeros(len(ops), dtype=bool)
-    for op in ops:  # parents come first
-        if op.parent is not None:
-            parent = op.parent[0]
-            in_loop[op.id] = in_loop[parent] or ops[parent].kind == "stablehlo.while"
-    index = _Index(node_names, uses_of_def, def_of_use, in_loop)
+    index = _Index(node_names, uses_of_def, def_of_use, loop_nest(analysis.program).loop_of_op >= 0)
     _LAST[:] = [(analysis, index)]
     return index
 
