@@ -21,25 +21,17 @@ from __future__ import annotations
 
 import datetime
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 
+from toast.cost.microbench import median_seconds
 
-def _timed(fn, *args, repeats: int = 10) -> float:
-    jax.block_until_ready(fn(*args))
-    for _ in range(2):
-        jax.block_until_ready(fn(*args))
-    seconds = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        seconds.append(time.perf_counter() - start)
-    return statistics.median(seconds)
+
+def _timed(fn, *args) -> float:
+    return median_seconds(fn, args, warmups=3, runs=10)
 
 
 def _inputs(batch: int, seq: int, heads: int, kv_heads: int, head_dim: int):

@@ -20,25 +20,18 @@ from __future__ import annotations
 
 import datetime
 import json
-import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 
+from toast.cost.microbench import median_seconds
+
 HOST, DEVICE = jax.memory.Space.Host, jax.memory.Space.Device
 
 
-def _median_seconds(fn, *args, warmups: int = 2, runs: int = 10) -> float:
-    for _ in range(warmups):
-        jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def _median_seconds(fn, *args) -> float:
+    return median_seconds(fn, args, warmups=2, runs=10)
 
 
 def _memory(compiled) -> dict:

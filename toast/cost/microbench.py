@@ -33,8 +33,10 @@ from toast.cost.hardware import Hardware
 from toast.errors import ToastError
 
 
-def _median_seconds(fn, args, runs: int = 20) -> float:
-    for _ in range(3):
+def median_seconds(fn, args, *, warmups: int = 3, runs: int = 20) -> float:
+    """The median wall seconds of ``fn(*args)`` over ``runs`` timed calls, after ``warmups`` untimed ones (compiling
+    and warming caches), each waited for with ``jax.block_until_ready``."""
+    for _ in range(warmups):
         jax.block_until_ready(fn(*args))
     times = []
     for _ in range(runs):
@@ -72,7 +74,7 @@ class _Cases:
     def case(self, name: str, fn, args, *, flops: float = 0.0, bytes_moved: float = 0.0, **extra) -> None:
         jitted = jax.jit(fn)
         compiled = jitted.lower(*args).compile()
-        seconds = _median_seconds(jitted, args, runs=5 if self.quick else 20)
+        seconds = median_seconds(jitted, args, runs=5 if self.quick else 20)
         row = {"name": name, "seconds": seconds, "flops": flops, "bytes": bytes_moved,
                "kernels": _kernels(compiled.as_text() or ""), **extra}
         self.rows.append(row)
