@@ -75,7 +75,6 @@ def test_the_loops_carry_the_stack_split(fsdp):
     model, state = fsdp
     analysis = model.analysis
     program = analysis.program
-    stack = program.arguments[0]
     masks = []
     for op in program.ops:
         if op.kind == "stablehlo.while":
@@ -84,7 +83,6 @@ def test_the_loops_carry_the_stack_split(fsdp):
                     first = analysis.names.use_name(op.id, index, 0)
                     masks.append(tuple(int(state.masks[first + d]) for d in range(3)))
     assert masks and all(sorted(m) == [0, 0, 1] for m in masks), masks
-    assert stack == program.arguments[0]
 
 
 def test_per_iteration_collectives_agree_with_xla(fsdp):
