@@ -118,11 +118,11 @@ def price_row(entry: dict[str, Any], *, engine: EngineName, published: Path, aut
     if autoshard_rollouts:
         # toast autoshard on the same program and mesh: the search's own strategy (not a manual candidate),
         # priced as the run's strategy is (donated arguments), against the run's.
-        from toast.search.base import SearchSettings
+        from toast.search.base import Budget
         from toast.search.find import find_strategy
 
         found = find_strategy(analysis, row.model.mesh, hardware, roles=row.roles, manual_candidates=False,
-                              settings=SearchSettings(rollouts=autoshard_rollouts, seed=0))
+                              budget=Budget(rollouts=autoshard_rollouts, seed=0))
         own = toast.CostModel(found.model, hardware, donate=row.donate).evaluate(found.searched.state)
         searched = {"step_s": own.step_time_s, "peak_bytes": own.peak_bytes, "rollouts": autoshard_rollouts,
                     "seconds": time.perf_counter() - priced}

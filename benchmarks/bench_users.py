@@ -23,7 +23,7 @@ import time
 import toast
 from toast.evaluation.compare import compare_manual
 from toast.output.report import human_bytes, human_seconds
-from toast.search import SearchSettings
+from toast.search import Budget
 from toast.search.find import find_strategy
 from toast.sharding.roles import roles_for_input
 
@@ -66,8 +66,8 @@ def main() -> None:
         for mesh_text in options.mesh:
             for name in options.hardware:
                 hardware = toast.load_hardware(name)
-                settings = SearchSettings(seed=options.seed, rollouts=options.rollouts)
-                found = find_strategy(analysis, toast.parse_mesh(mesh_text), hardware, settings=settings,
+                budget = Budget(seed=options.seed, rollouts=options.rollouts)
+                found = find_strategy(analysis, toast.parse_mesh(mesh_text), hardware, budget=budget,
                                       memory_gib=memory, roles=roles)
                 applies = [row for row in compare_manual(found) if row.cost is not None]
                 manual = [row for row in applies if not row.over_memory]

@@ -20,7 +20,7 @@ import toast
 from toast.evaluation.compare import compare
 from toast.examples import EXAMPLES
 from toast.output.report import human_bytes, human_seconds
-from toast.search import SearchSettings
+from toast.search import Budget
 from toast.sharding.roles import roles_for_input
 
 DEFAULT_CASES = ["t2b:batch=2,model=4:a100_80gb", "t2b:batch=8,model=8:a100_80gb", "t2b:batch=2,model=4:tpu_v3",
@@ -48,7 +48,7 @@ def main() -> None:
             analyses[spec] = (toast.analyze(spec, engine="embedded"), time.perf_counter() - start)
         analysis, analysis_seconds = analyses[spec]
         result = compare(analysis, toast.parse_mesh(mesh), toast.load_hardware(hardware), source=spec,
-                         roles=roles_for_input(spec), settings=SearchSettings(rollouts=options.rollouts))
+                         roles=roles_for_input(spec), budget=Budget(rollouts=options.rollouts))
         for row in result.rows:
             if row.cost is None:
                 continue

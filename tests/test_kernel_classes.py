@@ -17,7 +17,17 @@ import jax.numpy as jnp
 import pytest
 from conftest import ONE_LEVEL, analysis_of, engines, round_numbers_profile
 
-from toast import CostModel, SearchSettings, ShardingModel, ToastError, analyze, autoshard, load_hardware, parse_mesh
+from toast import (
+    Budget,
+    CostModel,
+    ShardingModel,
+    SpaceSettings,
+    ToastError,
+    analyze,
+    autoshard,
+    load_hardware,
+    parse_mesh,
+)
 from toast.analysis.kernel_semantics import KernelClass
 from toast.cli import main
 from toast.datalog.embedded import run_embedded_file
@@ -83,7 +93,7 @@ def test_a_custom_call_of_the_users_is_classified_priced_and_searched_from_its_r
 
     # A program this small has colors of a few names: let the search consider them all.
     strategy = autoshard(my_scale_step, *ARGS, mesh="d=4", hardware=unit, rules=rules, engine=engine,
-                         settings=SearchSettings(rollouts=200, min_names=1))
+                         budget=Budget(rollouts=200), space_settings=SpaceSettings(min_names=1))
     specs = strategy.partition_specs
     # x, b and the result split alike along d (either dim): a quarter of the bytes, no collective.
     assert specs["x"] == specs["b"] and "d" in tuple(specs["x"])

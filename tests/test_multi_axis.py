@@ -33,7 +33,7 @@ from toast.output.strategy_file import (
     strategy_state,
 )
 from toast.search.actions import ActionSpace
-from toast.search.base import SearchSettings
+from toast.search.base import Budget, SpaceSettings
 from toast.search.exhaustive import enumerate_states
 from toast.search.find import find_strategy
 from toast.sharding.roles import load_roles
@@ -237,7 +237,7 @@ def test_axes_table_in_a_roles_file(tmp_path):
 
 @pytest.mark.parametrize(("axes_table", "why"), [
     ('batch = ["data", "data"]', r"\[axes\] batch names a mesh axis twice"),
-    ('bogus = ["data"]', r"\[axes\] has unknown key 'bogus' \(known: batch, heads, mlp, sequence, params\)"),
+    ('bogus = ["data"]', r"\[axes\] has unknown key 'bogus' \(known: batch, heads, mlp, sequence, experts, params\)"),
     ("batch = [1]", r"\[axes\] batch should be a list of mesh axis names"),
     ("batch = []", r"\[axes\] batch should be a list of mesh axis names"),
 ])
@@ -281,8 +281,8 @@ def test_search_reaches_the_batch_on_two_axes():
     assert manual.masks[space.partition.first_name].tobytes() in reached
     best = space.state(states.atoms[states.optimum(V4.hbm_bytes)])
     assert np.array_equal(best.masks, manual.masks)  # the fastest state: the batch over all 4 devices
-    found = find_strategy(analysis, mesh, V4, settings=SearchSettings(rollouts=100, min_names=1),
-                          manual_candidates=False)
+    found = find_strategy(analysis, mesh, V4, budget=Budget(rollouts=100),
+                          space_settings=SpaceSettings(min_names=1), manual_candidates=False)
     assert np.array_equal(found.result.state.masks, manual.masks)
     assert [a.axis for a in found.result.state.actions] == ["data", "fsdp"]
 

@@ -73,9 +73,9 @@ def test_compare_and_the_cost_model_refuse_a_nan_memory_limit():
 
     analysis = analysis_of("toast.examples.mlp:mlp")
     mesh, hardware = toast.parse_mesh("batch=8"), toast.load_hardware("a100_80gb")
-    settings = toast.SearchSettings(seed=0, rollouts=5, workers=1)
+    budget = toast.Budget(seed=0, rollouts=5, workers=1)
     message = _one_line_error(lambda: toast.compare(analysis, mesh, hardware, source="mlp", roles=None,
-                                                    settings=settings, memory_gib=float("nan")))
+                                                    budget=budget, memory_gib=float("nan")))
     assert message.startswith("memory_gib nan: give the memory per device in GiB")
     model = toast.ShardingModel(analysis, mesh)
     for bad in (float("nan"), float("inf"), 0.0, -5.0):

@@ -51,6 +51,7 @@ def test_compare_report_renders_the_tables_and_both_plots(tmp_path, capsys):
     for strategy in ("toast", "data_parallel", "megatron", "fsdp", "fsdp+megatron"):
         assert f" {strategy} " in text, strategy
     assert "does not apply: strategy 'sequence' needs role 'sequence'" in text
+    assert "gain over the best expert strategy (" in text and "over FSDP over all devices (fsdp_all): " in text
     # Both plots: inline SVG with a line, labelled axes.
     assert dom.count("<svg") == 2 and dom.count("<polyline") == 2
     assert "live bytes per device" in text and "best step time" in text and "round" in text

@@ -7,6 +7,7 @@ from the search itself; the memory limits that make them the answer are worked o
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -24,7 +25,16 @@ from toast.examples.attention import attention
 from toast.examples.gpt import gpt_train_step
 from toast.examples.mlp import mlp
 from toast.output.autoshard import strategy_document
-from toast.search import ActionSpace, SearchResult, SearchSettings, argument_groups, parse_pins, search
+from toast.search import (
+    ActionSpace,
+    Budget,
+    MctsSettings,
+    Search,
+    SearchResult,
+    argument_groups,
+    parse_pins,
+    search,
+)
 from toast.search.exhaustive import enumerate_states
 from toast.search.find import find_strategy
 from toast.xla.validate import validate
@@ -33,12 +43,13 @@ A100 = load_hardware("a100_80gb")
 MiB = 2 ** 20
 GPT = "toast.examples.gpt:gpt_small"
 MLP = "toast.examples.mlp:mlp"
-FAST = SearchSettings(rollouts=300, workers=1)
+FAST = Budget(rollouts=300, workers=1)
+CRIPPLED = MctsSettings(lanes=1, polish=False)  # with one rollout: a search that cannot find much
 
 
-def _found(analysis, mesh, *, memory_gib=None, pinned=None, settings=FAST):
-    """The search's own strategy: no manual candidates, so these tests judge the search."""
-    return find_strategy(analysis, parse_mesh(mesh), A100, pinned=pinned, settings=settings,
+def _found(analysis, mesh, *, memory_gib=None, pinned=None, budget=FAST, settings=None):
+    """MCTS's own strategy: no manual candidates, so these tests judge the search."""
+    return find_strategy(analysis, parse_mesh(mesh), A100, pinned=pinned, budget=budget, settings=settings,
                          memory_gib=memory_gib, manual_candidates=False)
 
 
@@ -233,8 +244,8 @@ def test_same_seed_same_strategy_on_one_two_and_three_workers():
     analysis = analysis_of(GPT)
     strategies = []
     for workers in (1, 2, 3):
-        settings = SearchSettings(seed=7, rollouts=96, lanes=4, patience=10, workers=workers)
-        found = _found(analysis, "batch=2,model=4", settings=settings)
+        found = _found(analysis, "batch=2,model=4", budget=Budget(seed=7, rollouts=96, workers=workers),
+                       settings=MctsSettings(lanes=4, patience=10))
         strategies.append((strategy_document(found, source="test")["state"]["masks"], found.result.rollouts,
                            found.result.evaluations, found.result.cost.step_time_s))
     assert strategies[0] == strategies[1] == strategies[2]
@@ -268,13 +279,13 @@ def test_the_rollout_budget_is_spent_unless_the_space_is_exhausted():
     (``patience`` restarts them instead of stopping); on the MLP's 9 states the search stops once it has
     scored all of them, with the best."""
     analysis = analysis_of(GPT)
-    found = _found(analysis, "batch=2,model=4", settings=SearchSettings(rollouts=300, patience=5, workers=1))
+    found = _found(analysis, "batch=2,model=4", settings=MctsSettings(patience=5))
     assert found.result.rollouts == 300
     mlp_analysis = analysis_of(MLP)
     model = ShardingModel(mlp_analysis, parse_mesh("batch=4,model=2"))
     space = ActionSpace(model)
     costs = toast.CostModel(model, load_hardware("h100"))
-    result = search(space, costs, settings=SearchSettings(rollouts=2000, workers=1, polish=False))
+    result = search(space, costs, budget=Budget(rollouts=2000, workers=1), settings=MctsSettings(polish=False))
     states = enumerate_states(space, costs)
     assert len(states) == 9 and 9 <= result.rollouts < 2000
     best = states.optimum(costs.device_memory)
@@ -332,7 +343,7 @@ def test_pin_text():
 def test_found_strategies_agree_with_xla(spec, mesh):
     """What the search returns runs under XLA on 8 host devices with the unsharded program's numerics."""
     analysis = analysis_of(spec)
-    found = _found(analysis, mesh, settings=SearchSettings(rollouts=200, workers=1))
+    found = _found(analysis, mesh, budget=Budget(rollouts=200, workers=1))
     agreement = validate(found.model, found.result.state, A100)
     assert agreement.numerics.match, agreement.numerics
 
@@ -432,8 +443,9 @@ def test_patience_and_restarts_options_reach_the_search(tmp_path):
     code = main(["autoshard", "toast.examples.mlp:mlp", "--mesh", "batch=4,model=2", "--engine", "embedded",
                  "--rollouts", "40", "--patience", "7", "--restarts", "2", "--workers", "1", "-o", str(out)])
     assert code == 0
-    recorded = json.loads(out.read_text())["search"]["settings"]
-    assert (recorded["patience"], recorded["restarts"], recorded["rollouts"]) == (7, 2, 40)
+    recorded = json.loads(out.read_text())["search"]
+    assert (recorded["settings"]["patience"], recorded["settings"]["restarts"], recorded["budget"]["rollouts"]) == (
+        7, 2, 40)
 
 
 def test_memory_is_a_constraint_the_result_honours():
@@ -449,7 +461,7 @@ def test_memory_is_a_constraint_the_result_honours():
     best = states.optimum(limit)
     assert best is not None and states.step_time_s[best] > states.step_time_s[fastest]
     costs = toast.CostModel(model, A100, device_memory=limit)
-    result = search(space, costs, settings=SearchSettings(rollouts=100, workers=1))
+    result = search(space, costs, budget=Budget(rollouts=100, workers=1))
     assert result.cost.peak_bytes <= limit
     assert result.cost.step_time_s == pytest.approx(float(states.step_time_s[best]))
 
@@ -458,10 +470,10 @@ def test_a_manual_strategy_that_beats_the_search_is_returned(big_mlp):
     """With one rollout and no polish the search cannot find batch + Megatron; with the roles, the manual
     strategies are candidates and the best of them (priced by ``compare_manual``) is what comes back."""
     roles = toast.roles_for_input(MLP)
-    settings = SearchSettings(rollouts=1, lanes=1, polish=False, workers=1)
+    budget = Budget(rollouts=1, workers=1)
     mesh = parse_mesh("batch=4,model=2")
-    alone = find_strategy(big_mlp, mesh, A100, settings=settings, manual_candidates=False)
-    found = find_strategy(big_mlp, mesh, A100, settings=settings, roles=roles)
+    alone = find_strategy(big_mlp, mesh, A100, budget=budget, settings=CRIPPLED, manual_candidates=False)
+    found = find_strategy(big_mlp, mesh, A100, budget=budget, settings=CRIPPLED, roles=roles)
     manual = [row for row in compare_manual(found, roles) if row.cost is not None and not row.over_memory]
     fastest = min(manual, key=lambda row: row.cost.step_time_s)
     assert fastest.cost.step_time_s < alone.result.cost.step_time_s
@@ -480,7 +492,7 @@ def test_the_manual_strategies_are_priced_once(big_mlp, monkeypatch):
 
     roles = toast.roles_for_input(MLP)
     found = find_strategy(big_mlp, parse_mesh("batch=4,model=2"), A100, roles=roles,
-                          settings=SearchSettings(rollouts=1, lanes=1, polish=False, workers=1))
+                          budget=Budget(rollouts=1, workers=1), settings=CRIPPLED)
     afresh = price_manual_strategies(found.model, found.costs, found.roles)
     monkeypatch.setattr(compare, "price_manual_strategies", None)  # calling it again would fail
     rows = compare_manual(found)
@@ -493,9 +505,8 @@ def test_without_roles_the_proposed_roles_give_the_manual_candidates(big_mlp):
     so a crippled search still returns batch + Megatron, the Figure 2c sharding."""
     from toast.sharding.propose import PROPOSED_SOURCE
 
-    settings = SearchSettings(rollouts=1, lanes=1, polish=False, workers=1)
-    found = find_strategy(big_mlp, parse_mesh("batch=4,model=2"), A100, settings=settings,
-                          memory_gib=300 / 1024)
+    found = find_strategy(big_mlp, parse_mesh("batch=4,model=2"), A100, budget=Budget(rollouts=1, workers=1),
+                          settings=CRIPPLED, memory_gib=300 / 1024)
     assert found.roles is not None and found.roles.source == PROPOSED_SOURCE
     assert found.origin != "search" and not found.over_memory
     assert _specs(found) == {"x": ["batch", None], "w1": [None, "model"], "w2": ["model", None]}
@@ -575,8 +586,8 @@ def test_phases_search_one_axis_for_memory_then_one_for_runtime(big_mlp):
     buffers), then ``batch`` for runtime. Each phase only takes actions on its own axes."""
     from toast.search import Phase
 
-    settings = SearchSettings(rollouts=400, workers=1, phases=(Phase(("model",), "memory"), Phase(("batch",))))
-    found = _found(big_mlp, "batch=4,model=2", settings=settings)
+    budget = Budget(rollouts=400, workers=1, phases=(Phase(("model",), "memory"), Phase(("batch",))))
+    found = _found(big_mlp, "batch=4,model=2", budget=budget)
     axes = [action.axis for action in found.result.actions]
     assert axes and axes == sorted(axes, key=lambda a: a != "model"), axes  # model actions first, then batch
     assert {r.phase for r in found.result.rounds} == {0, 1}
@@ -591,49 +602,56 @@ def test_phase_option(tmp_path, capsys):
                  "--rollouts", "60", "--workers", "1", "--phase", "model:memory", "--phase", "batch:runtime",
                  "-o", str(tmp_path / "s.json")]) == 0
     document = json.loads((tmp_path / "s.json").read_text())
-    assert document["search"]["settings"]["phases"] == [{"axes": ["model"], "goal": "memory"},
-                                                        {"axes": ["batch"], "goal": "runtime"}]
+    assert document["search"]["budget"]["phases"] == [{"axes": ["model"], "goal": "memory"},
+                                                      {"axes": ["batch"], "goal": "runtime"}]
     assert main(["autoshard", "toast.examples.mlp:mlp", "--mesh", "batch=4,model=2", "--engine", "embedded",
                  "--phase", "model:speed"]) == 2
     assert "--phase model:speed: expected AXES:GOAL" in capsys.readouterr().err
 
 
 def test_find_strategy_runs_any_search_that_keeps_the_contract():
-    """``find_strategy(..., search=)`` takes any ``SearchFn``: here one that keeps the space's initial state.
-    With no manual candidates its state is what comes back, and the strategy document records it; with the
-    manual strategies as candidates, the MLP's best one beats it (the unsharded MLP is the slowest)."""
+    """``find_strategy(..., search=)`` takes any ``Search``: here one that keeps the space's initial state.
+    With no manual candidates its state is what comes back, and the strategy document records it (its name and
+    settings); with the manual strategies as candidates, the MLP's best one beats it (the unsharded MLP is the
+    slowest)."""
     calls = []
 
-    def keep_initial(space, costs, *, settings=FAST, progress=None):
-        calls.append(settings.seed)
-        state = space.initial
-        return SearchResult(state, (), costs.evaluate(state), (), 0, 1, 0.0, settings)
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class KeepSettings:
+        note: str = "kept"
 
+    def keep_initial(space, costs, *, budget, settings, progress=None):
+        calls.append((budget.seed, settings.note))
+        state = space.initial
+        return SearchResult(state, (), costs.evaluate(state), (), 0, 1, 0.0, budget, "keep", settings)
+
+    keep = Search("keep", KeepSettings, keep_initial)
     analysis = analysis_of(MLP)
-    settings = SearchSettings(seed=5, rollouts=10, workers=1)
-    alone = find_strategy(analysis, parse_mesh("batch=4,model=2"), A100, settings=settings,
-                          manual_candidates=False, search=keep_initial)
-    assert calls == [5] and alone.origin == "search" and alone.result.actions == ()
+    budget = Budget(seed=5, rollouts=10, workers=1)
+    alone = find_strategy(analysis, parse_mesh("batch=4,model=2"), A100, budget=budget,
+                          manual_candidates=False, search=keep)
+    assert calls == [(5, "kept")] and alone.origin == "search" and alone.result.actions == ()
     assert alone.result.cost.relative == pytest.approx(1.0)  # the unsharded program's own cost
     document = strategy_document(alone, source="test")
     assert all(entry is None for tensor in document["arguments"] for entry in tensor["partition_spec"])
-    found = find_strategy(analysis, parse_mesh("batch=4,model=2"), A100, settings=settings,
-                          roles=toast.roles_for_input(MLP), search=keep_initial)
+    assert (document["search"]["algorithm"], document["search"]["settings"]) == ("keep", {"note": "kept"})
+    found = find_strategy(analysis, parse_mesh("batch=4,model=2"), A100, budget=budget,
+                          roles=toast.roles_for_input(MLP), search=keep)
     assert found.origin != "search" and found.result.cost.step_time_s < alone.result.cost.step_time_s
 
 
-@pytest.mark.parametrize("knobs, message", [
-    ({"rollouts": 0}, "a rollout budget of 0: give at least 1"),
-    ({"rollouts": None, "seconds": 0.0}, "a time budget of 0 s: give more than 0 seconds"),
-    ({"rollouts": None, "seconds": float("nan")}, "a time budget of nan s"),
-    ({"rollouts": None}, "no budget: give a number of rollouts, seconds, or a number of restarts"),
-    ({"lanes": 0}, "lanes and patience must be at least 1"),
-    ({"seed": -1}, "seed -1 and workers 0: give 0 or more"),
-    ({"phases": ()}, "no phase"),
-    ({"phases": (toast.Phase(goal="speed"),)}, "search phase goal 'speed': expected 'runtime' or 'memory'"),
+@pytest.mark.parametrize("kind, knobs, message", [
+    (Budget, {"rollouts": 0}, "a rollout budget of 0: give at least 1"),
+    (Budget, {"rollouts": None, "seconds": 0.0}, "a time budget of 0 s: give more than 0 seconds"),
+    (Budget, {"rollouts": None, "seconds": float("nan")}, "a time budget of nan s"),
+    (Budget, {"rollouts": None}, "no budget: give a number of rollouts or seconds"),
+    (MctsSettings, {"lanes": 0}, "lanes and patience must be at least 1"),
+    (Budget, {"seed": -1}, "seed -1 and workers 0: give 0 or more"),
+    (Budget, {"phases": ()}, "no phase"),
+    (Budget, {"phases": (toast.Phase(goal="speed"),)}, "search phase goal 'speed': expected 'runtime' or 'memory'"),
 ])
-def test_search_settings_check_their_knobs_when_made(knobs, message):
-    """One place checks the search's knobs: ``SearchSettings`` itself, for the API, the CLI and sweeps alike
-    (before, a zero budget reached the search and a NaN time budget passed)."""
+def test_budget_and_settings_check_their_knobs_when_made(kind, knobs, message):
+    """One place checks the search's knobs: ``Budget`` and each search's settings themselves, for the API, the
+    CLI and sweeps alike (before, a zero budget reached the search and a NaN time budget passed)."""
     with pytest.raises(ToastError, match=re.escape(message)):
-        SearchSettings(**knobs)
+        kind(**knobs)

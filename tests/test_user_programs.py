@@ -11,7 +11,7 @@ import pytest
 
 import toast
 from toast.evaluation.compare import compare_manual
-from toast.search import SearchSettings
+from toast.search import Budget
 from toast.search.find import find_strategy
 from toast.sharding.roles import roles_for_input
 
@@ -47,7 +47,7 @@ def test_toast_without_roles_is_no_slower_than_the_experts_roles(program, mesh, 
     written = roles_for_input(spec)
     assert written.dims, f"{spec} has no roles file"
     found = find_strategy(analysis, toast.parse_mesh(mesh), toast.load_hardware(hardware),
-                         settings=SearchSettings(rollouts=200, workers=1))
+                         budget=Budget(rollouts=200, workers=1))
     assert found.roles is not None and found.roles.source != written.source  # proposed, not the file's
     fitting = [row for row in compare_manual(found, written) if row.cost is not None and not row.over_memory]
     assert fitting, "no manual strategy of the roles file applies"

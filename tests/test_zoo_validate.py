@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 import toast
-from toast.search import SearchSettings
+from toast.search import Budget
 from toast.sharding.roles import roles_for_input
 
 ZOO_SMALL = ["toast.examples.gemma:gemma_small", "toast.examples.itx:itx_small",
@@ -20,7 +20,7 @@ ZOO_SMALL = ["toast.examples.gemma:gemma_small", "toast.examples.itx:itx_small",
 def test_small_zoo_models_validate_under_every_strategy(spec):
     analysis = toast.analyze(spec, engine="embedded")
     result = toast.compare(analysis, toast.parse_mesh("batch=2,model=4"), toast.load_hardware("a100_80gb"),
-                           source=spec, roles=roles_for_input(spec), settings=SearchSettings(rollouts=64, workers=1),
+                           source=spec, roles=roles_for_input(spec), budget=Budget(rollouts=64, workers=1),
                            validate_on_host=True)
     applied = [row for row in result.rows if row.cost is not None]
     assert len(applied) >= 4, [(row.name, row.reason) for row in result.rows]  # toast, data_parallel, megatron, fsdp

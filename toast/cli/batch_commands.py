@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from toast.cli.command import Command
-from toast.cli.options import PROCESSES, positive_seconds
+from toast.cli.options import PROCESSES, add_search_option, positive_seconds
 from toast.errors import ToastError
 
 __all__ = ["BATCH_COMMANDS"]
@@ -27,12 +27,13 @@ def _sweep_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ray", nargs="?", const="auto", metavar="ADDRESS", help="run the jobs as tasks on "
                         "a Ray cluster: ADDRESS, or the one `ray start --head` runs here (auto); 'local' "
                         "starts one for this run")
+    add_search_option(parser, sweep=True)
 
 
 def _sweep(options: argparse.Namespace) -> int:
     from toast.evaluation.sweep import load_sweep, sweep
 
-    plan = load_sweep(options.sweep)
+    plan = load_sweep(options.sweep, search=options.search)
 
     def progress(record, done: int, total: int) -> None:
         outcome = "ok" if record["status"] == "ok" else f"error: {record['error']}"

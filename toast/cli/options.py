@@ -122,9 +122,10 @@ def add_search_options(parser: argparse.ArgumentParser) -> None:
     budget.add_argument("--rollouts", type=ROLLOUTS, metavar="N", help="run N rollouts, fewer only when every state "
                         "has been scored (default 2000)")
     parser.add_argument("--seed", type=SEED, default=0, help="search seed (same seed, same strategy)")
-    parser.add_argument("--patience", type=ROLLOUTS, metavar="N", help="rollouts without a better state before a tree "
-                        "restarts below its best state (default: SearchSettings.patience)")
-    parser.add_argument("--restarts", type=RESTARTS, metavar="N", help="restarts per tree before it stops early "
+    add_search_option(parser)
+    parser.add_argument("--patience", type=ROLLOUTS, metavar="N", help="mcts: rollouts without a better state before "
+                        "a tree restarts below its best state (default: MctsSettings.patience)")
+    parser.add_argument("--restarts", type=RESTARTS, metavar="N", help="mcts: restarts per tree before it stops early "
                         "(default: no limit, the budget is spent)")
     add_microbatches_option(parser)
     parser.add_argument("--workers", type=PROCESSES, default=0, metavar="N", help="worker processes (default: "
@@ -136,6 +137,17 @@ def add_search_options(parser: argparse.ArgumentParser) -> None:
                                   help="search in phases, in order: the mesh axes a phase may use ('+'-separated) "
                                   "and its goal, runtime or memory, e.g. --phase model:memory --phase batch:runtime "
                                   "(PartIR's composite strategies); default: one phase, all axes, runtime")
+
+
+def add_search_option(parser: argparse.ArgumentParser, *, sweep: bool = False) -> None:
+    """``--search NAME``: checked against ``toast.search.registry.SEARCHES`` by the command (one line naming the
+    known searches), so that ``toast --help`` does not import the search stage. ``sweep``: every job's search
+    where the sweep file names none (default: the file's, else mcts)."""
+    names = ("mcts (Monte Carlo Tree Search, the default), random (random action sequences) or greedy (steepest "
+             "descent restarted from random states)")
+    parser.add_argument("--search", default=None if sweep else "mcts", metavar="NAME", help=(
+        f"every job's search where the sweep file has no search key: {names}" if sweep else
+        f"the search: {names}; each spends the rollout budget, and the strategy file records it (search.algorithm)"))
 
 
 def add_slices_option(parser: argparse.ArgumentParser) -> None:

@@ -39,8 +39,8 @@ def _shard_arguments(parser: argparse.ArgumentParser) -> None:
                         "or a TOML path")
     add_slices_option(parser)
     parser.add_argument("--strategy", default="data_parallel",
-                        help="data_parallel, megatron, fsdp or sequence, or fsdp, megatron and sequence "
-                        "combined with '+' (fsdp+megatron)")
+                        help="an expert strategy: data_parallel, megatron, fsdp, sequence, fsdp+megatron, "
+                        "data_parallel_all, fsdp_all, maxtext, expert_parallel, ... (`toast compare` lists them all)")
     parser.add_argument("--roles", metavar="FILE", help="roles file (TOML) naming the argument dims each "
                         "strategy shards; default: <module>.roles.toml beside a module:function's module")
     parser.add_argument("--batch", metavar="ARG:DIM", help="the batch dim, e.g. ids:0 (enough for "
@@ -127,8 +127,8 @@ def _cost_arguments(parser: argparse.ArgumentParser) -> None:
                         "path")
     parser.add_argument("--mesh", help="logical mesh, e.g. batch=4,model=2 (default: one device, unsharded)")
     add_slices_option(parser)
-    parser.add_argument("--strategy", metavar="NAME|FILE", help="a manual strategy (data_parallel, megatron, "
-                        "fsdp, sequence, or a '+' combination such as fsdp+megatron; needs --mesh) or a "
+    parser.add_argument("--strategy", metavar="NAME|FILE", help="an expert strategy (data_parallel, megatron, "
+                        "fsdp, sequence, fsdp+megatron, fsdp_all, maxtext, expert_parallel, ...; needs --mesh) or a "
                         "strategy file from `toast shard -o`")
     parser.add_argument("--roles", metavar="FILE", help="roles file (TOML) for a manual strategy")
     parser.add_argument("--donate", action="store_true", help="donate the arguments (jax.jit donate_argnums): "
@@ -146,7 +146,7 @@ def _cost_plan(options: argparse.Namespace) -> CostPlan:
     from toast.output.strategy_file import read_strategy_document, strategy_mesh
     from toast.sharding.mesh import parse_mesh
     from toast.sharding.roles import roles_for_input
-    from toast.sharding.strategies import COMPOSITES, STRATEGIES, check_strategy, strategy_parts
+    from toast.sharding.strategies import STRATEGY_NAMES, check_strategy, strategy_parts
 
     hardware = load_hardware(options.hardware)
     mesh = parse_mesh(options.mesh, slices=options.slices or 1) if options.mesh else None
@@ -169,7 +169,7 @@ def _cost_plan(options: argparse.Namespace) -> CostPlan:
     try:
         strategy_parts(strategy)
     except ToastError:
-        raise ToastError(f"unknown strategy '{strategy}' (known: {', '.join(STRATEGIES + COMPOSITES)}; or a "
+        raise ToastError(f"unknown strategy '{strategy}' (known: {', '.join(STRATEGY_NAMES)}; or a "
                          "strategy file from `toast shard -o`)") from None
     if mesh is None:
         raise ToastError(f"--strategy {strategy} needs --mesh, e.g. --mesh batch=4,model=2")
@@ -251,10 +251,13 @@ def _run_cost(options: argparse.Namespace, analysis, plan: CostPlan) -> int:
 
 @dataclass(frozen=True)
 class SearchPlan:
-    """``toast autoshard``'s and ``toast compare``'s mesh, profile, search settings and pins."""
+    """``toast autoshard``'s and ``toast compare``'s mesh, profile, search (a ``Search``, its ``Budget`` and its
+    own settings) and pins."""
 
     mesh: Any
     hardware: Any
+    search: Any
+    budget: Any
     settings: Any
     pins: dict[str, tuple]
 
@@ -274,7 +277,8 @@ def _search_plan(options: argparse.Namespace) -> SearchPlan:
     from toast.cost.hardware import load_hardware
     from toast.cost.network import check_slices
     from toast.search.actions import parse_pins
-    from toast.search.base import Phase, SearchSettings
+    from toast.search.base import Budget, Phase
+    from toast.search.registry import search_by_name
     from toast.sharding.mesh import parse_mesh
 
     mesh = parse_mesh(options.mesh, slices=options.slices or 1)
@@ -296,10 +300,15 @@ def _search_plan(options: argparse.Namespace) -> SearchPlan:
             mesh.index(axis)  # an unknown axis is named now
         phases.append(Phase(axes, goal))
     rollouts = options.rollouts if options.rollouts is not None else (None if options.budget is not None else 2000)
-    settings = SearchSettings(seed=options.seed, rollouts=rollouts, seconds=options.budget, workers=options.workers,
-                              restarts=options.restarts, phases=tuple(phases) or (Phase(),),
-                              **({} if options.patience is None else {"patience": options.patience}))
-    return SearchPlan(mesh, hardware, settings, pins)
+    budget = Budget(seed=options.seed, rollouts=rollouts, seconds=options.budget, workers=options.workers,
+                    phases=tuple(phases) or (Phase(),))
+    search = search_by_name(options.search)
+    knobs = {name: value for name, value in (("patience", options.patience), ("restarts", options.restarts))
+             if value is not None}
+    if knobs and search.name != "mcts":
+        raise ToastError(f"--{next(iter(knobs))} is a setting of --search mcts, not of --search {search.name}")
+    settings = search.settings_type(**knobs)
+    return SearchPlan(mesh, hardware, search, budget, settings, pins)
 
 
 def _given_roles(options: argparse.Namespace):
@@ -329,8 +338,9 @@ def _run_autoshard(options: argparse.Namespace, analysis, plan: SearchPlan) -> i
     mesh, hardware, settings, pins = plan.mesh, plan.hardware, plan.settings, plan.pins
     roles = _given_roles(options)
     progress = Progress(sys.stderr) if sys.stderr.isatty() else None
-    found = find_strategy(analysis, mesh, hardware, pinned=pins, settings=settings, memory_gib=options.memory,
-                          microbatches=options.microbatches, roles=roles, progress=progress)
+    found = find_strategy(analysis, mesh, hardware, pinned=pins, search=plan.search, budget=plan.budget,
+                          settings=settings, memory_gib=options.memory, microbatches=options.microbatches,
+                          roles=roles, progress=progress)
     if progress is not None:
         progress.finish()
     manual = compare_manual(found)
@@ -353,9 +363,9 @@ def _run_autoshard(options: argparse.Namespace, analysis, plan: SearchPlan) -> i
     result = found.result
     print(f"{analysis.program.name}: toast's strategy on mesh {mesh.spec()} ({hardware.name}, "
           f"{human_bytes(found.device_memory)} per device): {len(result.actions)} actions from "
-          f"{len(found.space)} ({len(found.space.classes)} color classes), {result.rollouts} rollouts in "
-          f"{settings.lanes} lanes, {result.evaluations} states costed, {result.seconds:.1f} s, seed "
-          f"{settings.seed}")
+          f"{len(found.space)} ({len(found.space.classes)} color classes), {result.rollouts} rollouts "
+          f"{f'in {settings.lanes} lanes' if plan.search.name == 'mcts' else f'of {plan.search.name} search'}, "
+          f"{result.evaluations} states costed, {result.seconds:.1f} s, seed {plan.budget.seed}")
     if found.origin != "search":
         print(f"  the manual strategy {found.origin} ({roles_text(found.roles)}) beats what the search found: "
               f"toast's strategy is {found.origin}")
@@ -406,14 +416,15 @@ def _run_compare(options: argparse.Namespace, analysis, plan: SearchPlan) -> int
     from toast.output.files import Output, json_text, write_outputs
     from toast.output.report import human_bytes
 
-    mesh, hardware, settings, pins = plan.mesh, plan.hardware, plan.settings, plan.pins
+    mesh, hardware, pins = plan.mesh, plan.hardware, plan.pins
     roles = _given_roles(options)
     progress = Progress(sys.stderr) if sys.stderr.isatty() else None
     from toast.xla.worker import WorkerTimeout
 
     try:
-        result = compare(analysis, mesh, hardware, source=options.input, roles=roles, settings=settings,
-                         memory_gib=options.memory, pinned=pins, validate_on_host=options.validate,
+        result = compare(analysis, mesh, hardware, source=options.input, roles=roles, budget=plan.budget,
+                         search=plan.search, settings=plan.settings, memory_gib=options.memory, pinned=pins,
+                         validate_on_host=options.validate,
                          microbatches=options.microbatches, progress=progress, validate_timeout_s=options.timeout)
     except WorkerTimeout as err:  # name the option this command takes, not the Python keyword
         raise WorkerTimeout(err.limit_s, err.stage, err.stuck, option="--timeout ") from None
@@ -571,8 +582,8 @@ STRATEGY_COMMANDS = (
     Command("cost", arguments=_cost_arguments, run=_run_cost, check=_cost_plan,
             help="estimate one device's step time and peak memory"),
     Command("autoshard", arguments=_autoshard_arguments, run=_run_autoshard, check=_search_plan,
-            help="search a sharding (MCTS over the analysis's actions, guided by the cost model) and compare it "
-                 "with the manual strategies"),
+            help="search a sharding (MCTS over the analysis's actions, guided by the cost model, or --search "
+                 "random / greedy) and compare it with the manual strategies"),
     Command("compare", arguments=_compare_arguments, run=_run_compare, check=_check_compare,
             help="toast's search against every manual strategy that applies: step time, peak per device, over "
                  "memory, search seconds"),

@@ -2,9 +2,13 @@
 accelerator profile (the rows of the paper's Figure 8), with the XLA check on host devices on request.
 
 Each row has the estimated step time and peak per device (``toast.CostModel``), whether it is over the
-memory limit, and for toast's row the search's seconds. With ``validate``, every strategy that applies is
-compiled and run by XLA on ``mesh.devices`` host CPU devices (``toast.xla.validate``): the outputs must equal
-the unsharded program's, and the collectives XLA inserted are compared with the predicted ones.
+memory limit, and for toast's row the search's seconds; every expert strategy of
+``toast.sharding.strategies.EXPERT_STRATEGIES`` has a row (the reason, where it does not apply). Under the
+table, toast's gain (``Gains``): the step time of the best expert strategy that fits over toast's, and of FSDP
+over all devices (``fsdp_all``). With ``validate``, every strategy that applies is
+compiled and run by XLA on ``mesh.devices`` host CPU devices (``toast.xla.validate``; once per distinct
+state): the outputs must equal the unsharded program's, and the collectives XLA inserted are compared with the
+predicted ones.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from toast.cost.model import Cost
 from toast.errors import ToastError
 from toast.output.autoshard import strategy_document
 from toast.output.report import human_bytes, human_seconds, markdown_cell
-from toast.search.base import Progress, SearchSettings
+from toast.search.base import Budget, Progress, Search
 from toast.search.find import Comparison, Found, find_strategy, price_manual_strategies
 from toast.sharding.mesh import Mesh
 from toast.sharding.roles import Roles
@@ -29,6 +33,7 @@ from toast.xla.validate import Agreement, validate
 # Host validation runs the whole program on CPU devices forced by XLA; more than this is a mesh for a
 # cluster, not for a check on one machine.
 MAX_HOST_DEVICES = 64
+FSDP_ALL = "fsdp_all"  # the expert strategy toast's gain is also given over: FSDP over all devices
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,25 @@ class CompareResult:
     document: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class Gains:
+    """toast's gain over the expert strategies: their estimated step time over toast's (1.07: theirs is 7%
+    longer; below 1, toast's is the longer).
+
+    Attributes:
+      best: the fastest expert strategy that fits the memory (where none fits, the fastest that applies; the
+        first in the table among equals); ``None`` where none applies.
+      over_best: toast's gain over ``best`` (``None`` with it).
+      over_fsdp_all: toast's gain over ``fsdp_all``; ``None`` where it does not apply.
+      fsdp_all_over_memory: ``fsdp_all`` is over the memory limit.
+    """
+
+    best: str | None
+    over_best: float | None
+    over_fsdp_all: float | None
+    fsdp_all_over_memory: bool = False
+
+
 def compare_manual(found: Found, roles: Roles | None = None) -> list[Comparison]:
     """Every manual strategy priced under the search's model and memory limit
     (``toast.search.find.price_manual_strategies``), from ``roles`` (default: the search's candidates',
@@ -81,7 +105,7 @@ def check_host_validation(mesh: Mesh, *, validate_on_host: bool) -> None:
 
 
 def compare(analysis, mesh: Mesh, hardware: Hardware, *, source: str, roles: Roles | None,
-            settings: SearchSettings, memory_gib: float | None = None,
+            budget: Budget, search: str | Search = "mcts", settings: Any = None, memory_gib: float | None = None,
             pinned: Mapping[str, Sequence] | None = None, validate_on_host: bool = False, microbatches: int = 1,
             progress: Progress | None = None, validate_timeout_s: float = 600.0) -> CompareResult:
     """Search a strategy and price every manual strategy that applies under the same model and memory limit.
@@ -93,7 +117,9 @@ def compare(analysis, mesh: Mesh, hardware: Hardware, *, source: str, roles: Rol
       source: what the program was read from (recorded in the strategy file).
       roles: the roles of the manual strategies (``None``: proposed from the analysis); they are candidates
         for toast's row too (``find_strategy``).
-      settings: the search's budget and seed.
+      budget: what the search may spend (seed, rollouts, seconds, workers, phases).
+      search: the search (``toast.search.registry.SEARCHES``' name, or a ``Search``; default MCTS).
+      settings: the search's own settings (default: its defaults).
       memory_gib: memory per device in GiB (default: the profile's HBM).
       pinned: argument name -> PartitionSpec entries toast's search keeps (the manual strategies ignore them).
       validate_on_host: also compile and run every strategy that applies with XLA on host CPU devices.
@@ -106,14 +132,18 @@ def compare(analysis, mesh: Mesh, hardware: Hardware, *, source: str, roles: Rol
         search), or the search's own errors.
     """
     check_host_validation(mesh, validate_on_host=validate_on_host)
-    found = find_strategy(analysis, mesh, hardware, pinned=pinned, settings=settings,
+    found = find_strategy(analysis, mesh, hardware, pinned=pinned, search=search, budget=budget, settings=settings,
                           memory_gib=memory_gib, microbatches=microbatches, roles=roles, progress=progress)
     result = comparison_result(found, compare_manual(found), source=source)
     if not validate_on_host:
         return result
+    agreements: dict[bytes, Agreement] = {}  # strategies that shard alike (maxtext and megatron, often) run once
+    for row in result.rows:
+        if row.state is not None and row.state.key() not in agreements:
+            agreements[row.state.key()] = validate(found.model, row.state, hardware, seed=budget.seed,
+                                                   timeout_s=validate_timeout_s)
     return dataclasses.replace(result, rows=tuple(row if row.state is None else dataclasses.replace(
-        row, agreement=validate(found.model, row.state, hardware, seed=settings.seed,
-                                 timeout_s=validate_timeout_s)) for row in result.rows))
+        row, agreement=agreements[row.state.key()]) for row in result.rows))
 
 
 def comparison_result(found: Found, manual: Sequence[Comparison], *, source: str) -> CompareResult:
@@ -125,8 +155,37 @@ def comparison_result(found: Found, manual: Sequence[Comparison], *, source: str
     return CompareResult(found, tuple(rows), strategy_document(found, source=source))
 
 
+def gains(rows: Sequence[StrategyRow]) -> Gains:
+    """toast's gain (``Gains``) from a comparison's rows, toast's first."""
+    toast_row, manual = rows[0], [row for row in rows[1:] if row.cost is not None]
+    toast_s = toast_row.cost.step_time_s if toast_row.cost is not None else 0.0
+
+    def gain(row: StrategyRow) -> float | None:
+        return row.cost.step_time_s / toast_s if row.cost is not None and toast_s > 0 else None
+
+    fitting = [row for row in manual if not row.over_memory] or manual
+    best = min(fitting, key=lambda row: row.cost.step_time_s if row.cost is not None else 0.0, default=None)
+    fsdp_all = next((row for row in manual if row.name == FSDP_ALL), None)
+    return Gains(best.name if best else None, gain(best) if best else None,
+                 gain(fsdp_all) if fsdp_all else None, fsdp_all.over_memory if fsdp_all else False)
+
+
+def gains_line(rows: Sequence[StrategyRow]) -> str:
+    """toast's gains (``gains``) in words, under the table: ``gain over the best expert strategy (fsdp+megatron):
+    1.070x; over FSDP over all devices (fsdp_all): 1.120x``."""
+    found = gains(rows)
+    best = (f"gain over the best expert strategy ({found.best}): {found.over_best:.3f}x"
+            if found.best is not None and found.over_best is not None else
+            "gain over the best expert strategy: none applies")
+    fsdp_all = (f"over FSDP over all devices ({FSDP_ALL}): {found.over_fsdp_all:.3f}x"
+                + (" (over memory)" if found.fsdp_all_over_memory else "")
+                if found.over_fsdp_all is not None else f"FSDP over all devices ({FSDP_ALL}) does not apply")
+    return f"{best}; {fsdp_all}"
+
+
 def comparison_table(result: CompareResult) -> str:
-    """The comparison as a Markdown table (what ``toast compare`` prints)."""
+    """The comparison as a Markdown table (what ``toast compare`` prints), toast's gains under it
+    (``gains_line``)."""
     validated = any(row.agreement is not None for row in result.rows)
     header = "| strategy | step time | peak per device | over memory | relative cost | search s |"
     rule = "|---|---|---|---|---|---|"
@@ -154,7 +213,7 @@ def comparison_table(result: CompareResult) -> str:
         if validated:
             line += f" {_agreement_cell(row.agreement)} |"
         lines.append(line)
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n\n" + gains_line(result.rows) + "\n"
 
 
 def comparison_json(result: CompareResult) -> dict[str, Any]:
@@ -175,9 +234,12 @@ def comparison_json(result: CompareResult) -> dict[str, Any]:
                             "collectives": max(row.agreement.predicted_count, row.agreement.xla_count),
                             "peak_error": row.agreement.peak_error}
         rows.append(entry)
+    gained = gains(result.rows)
     return {"program": found.model.analysis.program.name, "mesh": found.model.mesh.spec(),
             "hardware": result.document["hardware"], "device_memory_bytes": found.device_memory,
-            "strategies": rows, "toast": result.document}
+            "strategies": rows, "gains": {"best_expert": gained.best, "over_best_expert": gained.over_best,
+                                          "over_fsdp_all": gained.over_fsdp_all},
+            "toast": result.document}
 
 
 def _agreement_cell(agreement: Agreement | None) -> str:

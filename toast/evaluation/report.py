@@ -3,7 +3,8 @@ what a search found, for ``autoshard``, ``compare`` and ``sweep``.
 
 Per program (a *section*): every argument's sharding, the colors each mesh axis took, the collectives with
 their estimated seconds, the memory timeline of one device (an inline SVG plot: bytes live before, during and
-after each kernel), the search's best cost after each round (inline SVG), and the strategies side by side. A
+after each kernel), the search's best cost after each round (inline SVG), and the strategies side by side
+(toast's gain over the best expert strategy and over FSDP over all devices under them). A
 sweep's page starts with its summary table. Sections are plain JSON (``report_section``), so a sweep keeps
 them in its job records and draws its page from those; nothing is loaded from elsewhere (no scripts, no
 fonts, no images).
@@ -18,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from toast.analysis.naming import describe_name
-from toast.evaluation.compare import CompareResult
+from toast.evaluation.compare import CompareResult, gains_line
 from toast.output.report import human_bytes, human_seconds
 from toast.resources import template
 
@@ -66,6 +67,7 @@ def report_section(result: CompareResult) -> dict[str, Any]:
                         "peak_bytes": row.cost.peak_bytes if row.cost else None,
                         "over_memory": row.over_memory, "relative": row.cost.relative if row.cost else None,
                         "search_seconds": row.search_seconds} for row in result.rows],
+        "gains": gains_line(result.rows),
     }
 
 

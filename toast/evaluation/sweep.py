@@ -16,9 +16,11 @@ A sweep file is TOML::
                                        # default ["default"])
     rules = ["", "my_rules"]      # folders of user .dl files ("" or absent: the package's rules alone)
     engine = "embedded"           # "embedded", "souffle" or "auto", or a list of them (default "embedded")
+    search = ["mcts", "random"]   # the searches (toast.search.registry.SEARCHES), one or a list (default
+                                  # "mcts"; `toast sweep --search NAME` where the file has none)
 
-Every combination is a job, named by its settings (``Job.key``; a variant, rules folder or engine other than
-the default adds a part). A job writes ``DIR/jobs/<key>.json``: its
+Every combination is a job, named by its settings (``Job.key``; a variant, rules folder, engine or search other
+than the default adds a part). A job writes ``DIR/jobs/<key>.json``: its
 settings and either its comparison (``toast compare``'s JSON: toast's strategy file and every manual
 strategy's cost) or its error. A job that fails (an unknown model, a mesh the program cannot take), crashes,
 is killed (out of memory), calls ``sys.exit`` or runs past ``--job-timeout`` is recorded with its reason and
@@ -56,11 +58,13 @@ from typing import Any
 from toast.errors import InputError, ToastError
 from toast.processes import worker_setup, workers_starting
 
-SUMMARY_FIELDS = ("job", "model", "mesh", "hardware", "memory_gib", "seed", "variant", "rules", "engine", "status",
+SUMMARY_FIELDS = ("job", "model", "mesh", "hardware", "memory_gib", "seed", "variant", "rules", "engine", "search",
+                  "status",
                   "colors", "resolution_bits", "unruled_ops", "toast_step_time_s", "toast_peak_bytes",
                   "toast_over_memory", "best_manual", "best_manual_step_time_s", "best_manual_peak_bytes", "speedup",
                   "search_seconds", "job_seconds", "error")
 DEFAULT_ENGINE = "embedded"  # a sweep's jobs give the same results wherever they run: no engine chosen by PATH
+DEFAULT_SEARCH = "mcts"  # toast.search.registry.DEFAULT_SEARCH (not imported: reading a sweep file stays light)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +81,7 @@ class Job:
       variant: the analysis variant (a name in ``rules/variants/`` or a TOML path).
       rules: a folder of user ``.dl`` files (``""``: the package's rules alone).
       engine: the Datalog engine (``embedded``, ``souffle`` or ``auto``).
+      search: the search (a name in ``toast.search.registry.SEARCHES``).
     """
 
     model: str
@@ -88,6 +93,7 @@ class Job:
     variant: str = "default"
     rules: str = ""
     engine: str = DEFAULT_ENGINE
+    search: str = DEFAULT_SEARCH
 
     def __post_init__(self) -> None:
         from toast.cost.hardware import memory_limit_gib
@@ -97,8 +103,8 @@ class Job:
     @property
     def key(self) -> str:
         """A file name made of the job's settings (``gemma_small__batch4-model2__a100_80gb__hbm__s0__r2000``;
-        ``__v-no_box``, ``__rules-NAME`` and ``__souffle`` where the variant, rules or engine are not the
-        defaults, so the keys of earlier sweeps stay what they were)."""
+        ``__v-no_box``, ``__rules-NAME``, ``__souffle`` and ``__random`` where the variant, rules, engine or
+        search are not the defaults, so the keys of earlier sweeps stay what they were)."""
         memory = "hbm" if self.memory_gib is None else f"{self.memory_gib:g}GiB"
         parts = [self.model, self.mesh, Path(self.hardware).stem, memory, f"s{self.seed}", f"r{self.rollouts}"]
         if self.variant != "default":
@@ -107,24 +113,29 @@ class Job:
             parts.append(f"rules-{Path(self.rules).name}")
         if self.engine != DEFAULT_ENGINE:
             parts.append(self.engine)
+        if self.search != DEFAULT_SEARCH:
+            parts.append(self.search)
         return "__".join(re.sub(r"[^A-Za-z0-9_.]+", "-", part).strip("-") for part in parts)
 
 
 @dataclass(frozen=True, slots=True)
 class Sweep:
-    """A sweep file's jobs, in its order (models, then meshes, hardware, memory limits, seeds, rollouts)."""
+    """A sweep file's jobs, in its order (models, then meshes, hardware, memory limits, seeds, rollouts, variants,
+    rules, engines, searches)."""
 
     source: str
     jobs: tuple[Job, ...]
 
 
-def load_sweep(path: str | Path) -> Sweep:
-    """Read a sweep file.
+def load_sweep(path: str | Path, *, search: str | None = None) -> Sweep:
+    """Read a sweep file; ``search``: every job's search where the file names none (``toast sweep --search``).
 
     Raises:
-      InputError: one line naming the file (and line, for a TOML syntax error) and the problem.
+      InputError: one line naming the file (and line, for a TOML syntax error) and the problem (an unknown
+        search; ``search`` given and the file's own ``search`` key too).
     """
     from toast.cost.hardware import MAX_MEMORY_GIB, memory_limit_gib
+    from toast.search.registry import SEARCHES
 
     path = Path(path)
     try:
@@ -136,7 +147,7 @@ def load_sweep(path: str | Path) -> Sweep:
     table = document.get("sweep")
     if not isinstance(table, dict):
         raise InputError(f"{path}: no [sweep] table (models, meshes, hardware, memory, seeds, rollouts)")
-    known = ("models", "meshes", "hardware", "memory", "seeds", "rollouts", "variants", "rules", "engine")
+    known = ("models", "meshes", "hardware", "memory", "seeds", "rollouts", "variants", "rules", "engine", "search")
     unknown = sorted(set(table) - set(known))
     if unknown:
         raise InputError(f"{path}: [sweep] has unknown key '{unknown[0]}' (known: {', '.join(known)})")
@@ -180,10 +191,17 @@ def load_sweep(path: str | Path) -> Sweep:
     for engine in engines:
         if engine not in ("embedded", "souffle", "auto"):
             raise InputError(f"{path}: [sweep] engine {engine!r}: give embedded, souffle or auto")
+    if search is not None and "search" in table:
+        raise InputError(f"{path}: [sweep] search is given, and --search {search}: give one or the other")
+    searches = strings("search", [search or DEFAULT_SEARCH], one=True)
+    for name in searches:
+        if name not in SEARCHES:
+            where = f"{path}: [sweep] search" if search is None else "--search"
+            raise InputError(f"{where} {name!r}: the searches are {', '.join(SEARCHES)}")
     rules = [str(path.parent / folder) if folder and (path.parent / folder).is_dir() else folder for folder in rules]
-    jobs = tuple(Job(model, mesh, name, limit, seed, budget, variant, folder, engine)
-                 for model, mesh, name, limit, seed, budget, variant, folder, engine in itertools.product(
-                     models, meshes, hardware, memory, seeds, budgets, variants, rules, engines))
+    jobs = tuple(Job(model, mesh, name, limit, seed, budget, variant, folder, engine, searched)
+                 for model, mesh, name, limit, seed, budget, variant, folder, engine, searched in itertools.product(
+                     models, meshes, hardware, memory, seeds, budgets, variants, rules, engines, searches))
     return Sweep(str(path), jobs)
 
 
@@ -205,7 +223,7 @@ def run_job(job: Job) -> dict[str, Any]:
     from toast.evaluation.compare import compare, comparison_json
     from toast.evaluation.report import report_section
     from toast.examples import EXAMPLES
-    from toast.search.base import SearchSettings
+    from toast.search.base import Budget
     from toast.sharding.mesh import parse_mesh
     from toast.sharding.roles import roles_for_input
 
@@ -222,8 +240,8 @@ def run_job(job: Job) -> dict[str, Any]:
             roles = roles_for_input(source.partition("?")[0])
         except ToastError:
             roles = None
-        settings = SearchSettings(seed=job.seed, rollouts=job.rollouts, workers=1)
-        result = compare(analysis, mesh, hardware, source=source, roles=roles, settings=settings,
+        budget = Budget(seed=job.seed, rollouts=job.rollouts, workers=1)
+        result = compare(analysis, mesh, hardware, source=source, roles=roles, budget=budget, search=job.search,
                          memory_gib=job.memory_gib)
         record.update(status="ok", comparison=comparison_json(result), report=report_section(result))
     except (ToastError, ValueError) as err:  # ValueError: a factory's own check of its sizes
@@ -560,7 +578,8 @@ def summary_row(record: dict[str, Any]) -> dict[str, Any]:
     row.update(job=record["job"], model=settings["model"], mesh=settings["mesh"], hardware=settings["hardware"],
                memory_gib="hbm" if settings["memory_gib"] is None else settings["memory_gib"], seed=settings["seed"],
                variant=settings.get("variant", "default"), rules=settings.get("rules", ""),
-               engine=settings.get("engine", DEFAULT_ENGINE), status=record["status"],
+               engine=settings.get("engine", DEFAULT_ENGINE), search=settings.get("search", DEFAULT_SEARCH),
+               status=record["status"],
                job_seconds=round(record.get("job_seconds", 0.0), 2), **record.get("analysis", {}))
     if record["status"] != "ok":
         row["error"] = record.get("error", "")
@@ -592,14 +611,15 @@ def summary_markdown(rows: Sequence[dict[str, Any]]) -> str:
     """The rows as a Markdown table: step times and peaks in human units, errors in the last column."""
     from toast.output.report import human_bytes, human_seconds, markdown_cell
 
-    lines = ["| model | mesh | hardware | memory | seed | analysis | colors | resolution bits | unruled ops | "
+    lines = ["| model | mesh | hardware | memory | seed | analysis, search | colors | resolution bits | unruled ops | "
              "toast step | toast peak | over memory | best manual | its step | speedup | search s | error |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         memory = row["memory_gib"] if row["memory_gib"] == "hbm" else f"{row['memory_gib']:g} GiB"
         analysis = " ".join(part for part in (
             row["variant"], f"rules {Path(row['rules']).name}" if row["rules"] else "",
-            row["engine"] if row["engine"] != DEFAULT_ENGINE else "") if part)
+            row["engine"] if row["engine"] != DEFAULT_ENGINE else "",
+            f"search {row['search']}" if row.get("search") not in ("", None, DEFAULT_SEARCH) else "") if part)
         job = " | ".join(markdown_cell(cell) for cell in (row["model"], row["mesh"], row["hardware"], memory,
                                                           row["seed"], analysis))
         counts = " | ".join(str(row[field]) if row[field] != "" else "-"

@@ -11,7 +11,8 @@
     >>> strategy.save("mlp.strategy.json")                                       # doctest: +SKIP
 
 A ``Strategy`` is a strategy file's document (``toast shard -o``'s format, with a ``search`` section saying
-which settings produced it) plus the example arguments it was found for; ``load_strategy`` reads one back.
+which search, budget and settings produced it) plus the example arguments it was found for; ``load_strategy``
+reads one back.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from toast.cost.hardware import Hardware, load_hardware, memory_limit_gib
 from toast.cost.network import check_slices
 from toast.errors import ToastError
 from toast.output.strategy_file import strategy_json
-from toast.search.base import SearchSettings
+from toast.search.base import Budget, Search, SpaceSettings, settings_json
 from toast.search.find import Found, find_strategy
 from toast.sharding.mesh import Mesh, parse_mesh
 
@@ -98,11 +99,13 @@ def load_strategy(source: str | Path | dict[str, Any]) -> Strategy:
 
 def strategy_document(found: Found, *, source: str) -> dict[str, Any]:
     """The strategy file's document of a search's outcome (``toast autoshard -o``'s format), with a ``search``
-    section saying which settings found it and how. ``source``: what the program was read from."""
-    result, settings = found.result, found.result.settings
+    section saying which search found it (``algorithm``), with what (``budget``, its own ``settings``, the
+    action ``space``'s) and how. ``source``: what the program was read from."""
+    result = found.result
     search_section = {
         "origin": found.origin,
-        "seed": settings.seed,
+        "algorithm": result.algorithm,
+        "seed": result.budget.seed,
         "rollouts": result.rollouts,
         "evaluations": result.evaluations,
         "device_memory_bytes": found.device_memory,
@@ -113,7 +116,9 @@ def strategy_document(found: Found, *, source: str) -> dict[str, Any]:
                    for name, entries in sorted(found.pinned.items())},
         "rounds": [{"phase": r.phase, "best_relative": r.best_relative, "best_step_time_s": r.best_step_time_s,
                     "rollouts": r.rollouts} for r in result.rounds],
-        "settings": settings.to_json(),
+        "budget": result.budget.to_json(),
+        "settings": settings_json(result.settings),
+        "space": found.space_settings.to_json(),
     }
     return strategy_json(found.model, result.state, result.state.actions, result.cost, source=source,
                          hardware=found.costs.hardware, name="toast", search=search_section)
@@ -121,9 +126,10 @@ def strategy_document(found: Found, *, source: str) -> dict[str, Any]:
 
 def autoshard(fn: Callable[..., Any], *example_args: Any, mesh: str | Mesh, hardware: str | Hardware = "a100_80gb",
               slices: int | None = None, pinned: Mapping[str, Sequence] | None = None, seed: int = 0,
-              memory_gib: float | None = None,
-              rollouts: int | None = 2000, seconds: float | None = None, settings: SearchSettings | None = None,
-              engine: str = "auto", rules: str | Path | None = None, variant: str = "default") -> Strategy:
+              memory_gib: float | None = None, rollouts: int | None = 2000, seconds: float | None = None,
+              search: str | Search = "mcts", budget: Budget | None = None, settings: Any = None,
+              space_settings: SpaceSettings | None = None, engine: str = "auto", rules: str | Path | None = None,
+              variant: str = "default") -> Strategy:
     """Find a sharding of ``fn`` for ``mesh`` on ``hardware``.
 
     Args:
@@ -137,7 +143,12 @@ def autoshard(fn: Callable[..., Any], *example_args: Any, mesh: str | Mesh, hard
       seed: the search's seed (same seed, same strategy, on any number of workers).
       memory_gib: memory per device in GiB (default: the profile's).
       rollouts: rollout budget; seconds: time budget (either may be ``None``).
-      settings: every search setting (overrides ``seed``, ``rollouts`` and ``seconds``).
+      search: the search: ``"mcts"`` (the default), ``"random"``, ``"greedy"`` (``toast.search.SEARCHES``) or a
+        ``toast.search.Search``.
+      budget: the whole budget (overrides ``seed``, ``rollouts`` and ``seconds``): ``toast.Budget``.
+      settings: the search's own settings (``toast.MctsSettings``, ``RandomSettings``, ``GreedySettings``;
+        default: the search's defaults).
+      space_settings: the action space's options (``toast.SpaceSettings``).
       engine: the Datalog engine (``"auto"``: Soufflé when installed, else the embedded one).
       rules: a folder of your own ``.dl`` files, added to the package's (as ``toast analyze --rules``).
       variant: the analysis variant (``rules/variants/NAME.toml`` or a TOML path; the file records it).
@@ -146,21 +157,26 @@ def autoshard(fn: Callable[..., Any], *example_args: Any, mesh: str | Mesh, hard
       the strategy; ``.over_memory`` says when no strategy found fits the memory limit.
 
     Raises:
-      ToastError: ``memory_gib`` NaN, infinite, 0 or less or above 2**30 (before the analysis), a bad mesh,
-        slices or profile, or the analysis's and search's own errors.
+      ToastError: ``memory_gib`` NaN, infinite, 0 or less or above 2**30, an unknown search or settings of
+        another search (before the analysis), a bad mesh, slices or profile, or the analysis's and search's own
+        errors.
     """
     from toast.analysis.named_dimensions import analyze
+    from toast.search.registry import resolve_search
 
     memory_gib = memory_limit_gib(memory_gib)  # before the analysis
+    chosen = resolve_search(search)
+    settings = chosen.settings(settings)
     if isinstance(mesh, str):
         mesh = parse_mesh(mesh, slices=1 if slices is None else slices)
     elif slices is not None:
         mesh = Mesh(mesh.axes, slices)
     profile = hardware if isinstance(hardware, Hardware) else load_hardware(hardware)
     check_slices(mesh, profile)
-    settings = settings or SearchSettings(seed=seed, rollouts=rollouts, seconds=seconds)
+    budget = budget or Budget(seed=seed, rollouts=rollouts, seconds=seconds)
     name = getattr(fn, "__name__", "fn")
     analysis = analyze(name, fn=fn, args=list(example_args), engine=engine,  # type: ignore[arg-type]
                        rules=rules, variant=variant)
-    found = find_strategy(analysis, mesh, profile, pinned=pinned, settings=settings, memory_gib=memory_gib)
+    found = find_strategy(analysis, mesh, profile, pinned=pinned, search=chosen, budget=budget, settings=settings,
+                          space_settings=space_settings or SpaceSettings(), memory_gib=memory_gib)
     return Strategy(json.loads(json.dumps(strategy_document(found, source=name))), tuple(example_args))

@@ -1,13 +1,12 @@
-"""The whole state space of a small program, and the baselines a search is measured against.
+"""The whole state space of a small program, and the scores every search ranks states by.
 
 ``enumerate_states`` walks every state the action space reaches from its initial state (breadth first, each
-state once: states are keyed by their atoms' masks, ``ActionSpace.step``) and costs each; ``Optimum`` is the
-best one under a memory limit. ``random_search`` and ``greedy_search`` spend a given number of cost
-evaluations the simple ways (random valid action sequences; steepest descent, restarted from random states),
-so a tree search can be judged against them at equal work (``benchmarks/bench_optimality.py``).
+state once: states are keyed by their atoms' masks, ``ActionSpace.step``) and costs each;
+``StateSpace.optimum`` is the best one under a memory limit (what ``benchmarks/bench_optimality.py`` measures
+the searches against; random search and greedy descent are searches of their own, ``toast.search.simple``).
 
 Scores are ``CostModel.evaluate``'s relative step time with memory as a constraint (``search_score``): a state
-over the limit never beats one that fits.
+over the limit never beats one that fits; a phase whose goal is memory ranks by peak (``goal_score``).
 """
 
 from __future__ import annotations
@@ -41,6 +40,15 @@ def score_of(step_time_s: float, peak_bytes: float, costs: CostModel) -> float:
     if peak_bytes <= costs.device_memory:
         return relative_time
     return OVER_MEMORY + (peak_bytes - costs.device_memory) / max(initial_peak, 1.0) + 1e-3 * relative_time
+
+
+def goal_score(step_time_s: float, peak_bytes: float, costs: CostModel, goal: str) -> float:
+    """A state's score under a phase's goal (lower is better): ``score_of`` for ``"runtime"``; for
+    ``"memory"``, its peak relative to the unsharded program's, ``score_of`` breaking ties."""
+    runtime = score_of(step_time_s, peak_bytes, costs)
+    if goal == "memory":
+        return peak_bytes / max(int(costs.initial.peak_bytes), 1) + 1e-3 * min(runtime, OVER_MEMORY)
+    return runtime
 
 
 @dataclass(frozen=True)
@@ -111,94 +119,3 @@ def enumerate_states(space: ActionSpace, costs: CostModel, *, limit: int = 1_000
         if progress is not None and index % 1000 == 999:
             progress(index + 1)
     return StateSpace(np.stack(atoms), np.asarray(depth, dtype=np.int64), step, peak, time.monotonic() - start)
-
-
-@dataclass(frozen=True)
-class BaselineResult:
-    """A baseline's best state: its atom masks, score (``search_score``) and the cost evaluations spent."""
-
-    atoms: np.ndarray
-    score: float
-    evaluations: int
-
-
-class _Scorer:
-    """Costs each state once, counting the evaluations."""
-
-    def __init__(self, space: ActionSpace, costs: CostModel):
-        self.space, self.costs = space, costs
-        costs.prepare(space.partition)
-        self.cache: dict[bytes, float] = {}
-
-    def __call__(self, atoms: np.ndarray) -> float:
-        key = atoms.tobytes()
-        found = self.cache.get(key)
-        if found is None:
-            cost = self.costs.evaluate(self.space.state(atoms), collectives=False)
-            found = self.cache[key] = search_score(cost, self.costs)
-        return found
-
-
-def _random_walk(space: ActionSpace, rng: np.random.Generator, *, stop_probability: float, max_depth: int,
-                 ) -> np.ndarray:
-    atoms = space.initial_atoms
-    for _ in range(max_depth):
-        if rng.random() < stop_probability:
-            break
-        for action in rng.permutation(len(space)):
-            following = space.step(atoms, int(action))
-            if following is not None:
-                atoms = following
-                break
-        else:
-            break
-    return atoms
-
-
-def random_search(space: ActionSpace, costs: CostModel, *, evaluations: int, seed: int,
-                  stop_probability: float = 0.2, max_depth: int = 30, attempts: int = 100) -> BaselineResult:
-    """Random valid action sequences (stop with ``stop_probability`` before each action) until
-    ``evaluations`` distinct states are costed (or ``attempts`` walks in a row find nothing new); the best."""
-    score = _Scorer(space, costs)
-    rng = np.random.default_rng(seed)
-    best = space.initial_atoms
-    best_score = score(best)
-    fruitless = 0
-    while len(score.cache) < evaluations and fruitless < attempts:
-        before = len(score.cache)
-        atoms = _random_walk(space, rng, stop_probability=stop_probability, max_depth=max_depth)
-        value = score(atoms)
-        fruitless = 0 if len(score.cache) > before else fruitless + 1
-        if value < best_score:
-            best, best_score = atoms, value
-    return BaselineResult(best, best_score, len(score.cache))
-
-
-def greedy_search(space: ActionSpace, costs: CostModel, *, evaluations: int, seed: int,
-                  stop_probability: float = 0.2, max_depth: int = 30, attempts: int = 100) -> BaselineResult:
-    """Steepest descent (take the action that lowers the score most, until none does) from the initial state,
-    then from random states (``random_search``'s walks), until ``evaluations`` distinct states are costed;
-    the best state seen."""
-    score = _Scorer(space, costs)
-    rng = np.random.default_rng(seed)
-    best = space.initial_atoms
-    best_score = score(best)
-    start = best
-    fruitless = 0
-    while len(score.cache) < evaluations and fruitless < attempts:
-        before = len(score.cache)
-        atoms, value = start, score(start)
-        while len(score.cache) < evaluations:
-            options = [(score(following), action) for action in range(len(space))
-                       if (following := space.step(atoms, action)) is not None]
-            if not options or min(options)[0] >= value:
-                break
-            value, action = min(options)
-            following = space.step(atoms, action)
-            assert following is not None
-            atoms = following
-        if value < best_score:
-            best, best_score = atoms, value
-        fruitless = 0 if len(score.cache) > before else fruitless + 1
-        start = _random_walk(space, rng, stop_probability=stop_probability, max_depth=max_depth)
-    return BaselineResult(best, best_score, len(score.cache))

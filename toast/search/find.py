@@ -1,4 +1,4 @@
-"""Finding a strategy for an analyzed program: the search (any ``SearchFn``; MCTS by default) with the manual
+"""Finding a strategy for an analyzed program: a search (any ``Search``; MCTS by default) with the manual
 strategies as candidates, under one cost model and memory limit. What ``toast autoshard``, ``toast compare``,
 sweeps and ``toast.autoshard`` run; the strategy file is written from a ``Found`` in ``toast.output.autoshard``
 (``strategy_document``), the comparison table in ``toast.evaluation.compare``.
@@ -14,9 +14,9 @@ from toast.cost.hardware import Hardware, memory_limit_gib
 from toast.cost.model import Cost, CostModel
 from toast.errors import ToastError
 from toast.search.actions import ActionSpace
-from toast.search.base import Progress, SearchFn, SearchResult, SearchSettings
+from toast.search.base import Budget, Progress, Search, SearchResult, SpaceSettings
 from toast.search.exhaustive import search_score
-from toast.search.mcts import search as mcts_search
+from toast.search.registry import DEFAULT_SEARCH, resolve_search
 from toast.sharding.mesh import Mesh
 from toast.sharding.propose import roles_or_proposed
 from toast.sharding.roles import Roles
@@ -25,7 +25,8 @@ from toast.sharding.state import ShardingModel, ShardingState
 __all__ = ["GIB", "Comparison", "Found", "find_strategy", "price_manual_strategies"]
 
 GIB = 2 ** 30
-DEFAULT_SETTINGS = SearchSettings()
+DEFAULT_BUDGET = Budget()
+DEFAULT_SPACE = SpaceSettings()
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ class Found:
       microbatches: micro-batches per step the costs assume.
       manual: every manual strategy priced under ``roles`` (``price_manual_strategies``), as the search weighed
         them; empty where they were not candidates.
+      space_settings: the settings ``space`` was built with.
     """
 
     model: ShardingModel
@@ -71,6 +73,7 @@ class Found:
     pinned: Mapping[str, Sequence] = dataclasses.field(default_factory=dict)
     microbatches: int = 1
     manual: tuple[Comparison, ...] = ()
+    space_settings: SpaceSettings = DEFAULT_SPACE
 
     @property
     def over_memory(self) -> bool:
@@ -78,10 +81,11 @@ class Found:
 
 
 def find_strategy(analysis, mesh: Mesh, hardware: Hardware, *,
-                  pinned: Mapping[str, Sequence] | None = None, settings: SearchSettings = DEFAULT_SETTINGS,
+                  pinned: Mapping[str, Sequence] | None = None, search: str | Search = DEFAULT_SEARCH,
+                  budget: Budget = DEFAULT_BUDGET, settings: object = None,
+                  space_settings: SpaceSettings = DEFAULT_SPACE,
                   memory_gib: float | None = None, microbatches: int = 1, roles: Roles | None = None,
-                  manual_candidates: bool = True, progress: Progress | None = None,
-                  search: SearchFn = mcts_search) -> Found:
+                  manual_candidates: bool = True, progress: Progress | None = None) -> Found:
     """Search a strategy for an analyzed program (what ``toast autoshard`` and ``autoshard`` run).
 
     Args:
@@ -89,7 +93,11 @@ def find_strategy(analysis, mesh: Mesh, hardware: Hardware, *,
       mesh: the logical mesh.
       hardware: the accelerator profile.
       pinned: argument name -> PartitionSpec entries the search keeps.
-      settings: the search's budget and seed.
+      search: the search to run: a name (``toast.search.registry.SEARCHES``: ``"mcts"``, the default,
+        ``"random"``, ``"greedy"``) or a ``Search``.
+      budget: what the search may spend (seed, rollouts, seconds, workers, phases).
+      settings: the search's own settings (its ``Search.settings_type``; default: its defaults).
+      space_settings: the action space's options.
       memory_gib: memory per device in GiB (default: the profile's HBM).
       microbatches: micro-batches per step, the gradients reduced once (``CostModel``'s gradient accumulation).
       roles: the program's roles: the manual strategies and their combinations that apply (and keep the pins)
@@ -100,16 +108,19 @@ def find_strategy(analysis, mesh: Mesh, hardware: Hardware, *,
       manual_candidates: ``False``: the search's strategy alone (``Found.roles`` is then ``None``), to judge
         the search itself.
       progress: called as the search goes (``toast.search.base.Progress``).
-      search: the search to run (``toast.search.base.SearchFn``; default MCTS, ``toast.search.mcts.search``).
+
+    Raises:
+      ToastError: an unknown search, settings of another search, or the search's own errors.
     """
+    chosen = resolve_search(search)
+    settings = chosen.settings(settings)  # before any work
     memory_gib = memory_limit_gib(memory_gib)
     device_memory = float(memory_gib * GIB) if memory_gib is not None else float(hardware.hbm_bytes)
     model = ShardingModel(analysis, mesh)
-    space = ActionSpace(model, min_names=settings.min_names, mirror_layers=settings.mirror_layers,
-                        stored_parameters=settings.stored_parameters, pinned=pinned)
+    space = space_settings.action_space(model, pinned=pinned)
     costs = CostModel(model, hardware, device_memory=device_memory, microbatches=microbatches)
     costs.prepare(space.partition)
-    result = searched = search(space, costs, settings=settings, progress=progress)
+    result = searched = chosen.run(space, costs, budget=budget, settings=settings, progress=progress)
     origin = "search"
     manual: tuple[Comparison, ...] = ()
     if manual_candidates:
@@ -120,7 +131,7 @@ def find_strategy(analysis, mesh: Mesh, hardware: Hardware, *,
         roles = None
     floor = float(costs.initial.peak_bytes) / mesh.devices
     return Found(model, space, result, costs, device_memory, origin, floor, roles, searched, dict(pinned or {}),
-                 microbatches, manual)
+                 microbatches, manual, space_settings)
 
 
 def _best_of_manual(result: SearchResult, manual: Sequence[Comparison], costs: CostModel,
@@ -139,18 +150,22 @@ def _best_of_manual(result: SearchResult, manual: Sequence[Comparison], costs: C
 
 
 def price_manual_strategies(model: ShardingModel, costs: CostModel, roles: Roles) -> list[Comparison]:
-    """Every manual strategy (``toast.STRATEGIES``, then the ``COMPOSITES``) priced under ``costs`` (its model
-    and memory limit); one that does not apply (a role the roles lack, an invalid state) has its reason
-    instead of a cost."""
-    from toast.sharding.strategies import COMPOSITES, STRATEGIES, manual_strategy
+    """Every expert strategy (a row of ``toast.sharding.strategies.EXPERT_STRATEGIES``, in its order) priced under
+    ``costs`` (its model and memory limit); one that does not apply (a role the roles lack, a mesh it cannot place
+    its roles on, an invalid state) has its reason instead of a cost. Strategies that shard alike (``fsdp_all``
+    and ``fsdp`` on one axis) are priced once."""
+    from toast.sharding.strategies import EXPERT_STRATEGIES, manual_strategy
 
     rows = []
-    for name in STRATEGIES + COMPOSITES:
+    priced: dict[bytes, Cost] = {}
+    for strategy in EXPERT_STRATEGIES:
         try:
-            state, _ = manual_strategy(model, name, roles)
+            state, _ = manual_strategy(model, strategy.name, roles)
         except ToastError as err:
-            rows.append(Comparison(name, None, False, str(err).split(";")[0]))
+            rows.append(Comparison(strategy.name, None, False, str(err).split(";")[0]))
             continue
-        cost = costs.evaluate(state)
-        rows.append(Comparison(name, cost, cost.peak_bytes > costs.device_memory, state=state))
+        cost = priced.get(state.key())
+        if cost is None:
+            cost = priced[state.key()] = costs.evaluate(state)
+        rows.append(Comparison(strategy.name, cost, cost.peak_bytes > costs.device_memory, state=state))
     return rows

@@ -43,7 +43,7 @@ import dataclasses
 import math
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,13 +53,58 @@ from toast.cost.model import Cost, CostModel
 from toast.errors import ToastError
 from toast.processes import worker_setup, workers_starting
 from toast.search.actions import ActionSpace
-from toast.search.base import Phase, RoundResult, SearchResult, SearchSettings
+from toast.search.base import Budget, Phase, Progress, RoundResult, Search, SearchResult, mesh_axes_of_phases
 from toast.search.exhaustive import OVER_MEMORY, score_of
 
-__all__ = ["Phase", "RoundResult", "SearchResult", "SearchSettings", "search"]
+__all__ = ["MCTS", "MctsSettings", "search"]
 
 POLISH_CHUNK = 8  # polish moves tried at once (fixed: the result must not depend on the workers)
 POLISH_TIME_SHARE = 0.2  # of a phase's time budget, kept for the polish
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MctsSettings:
+    """MCTS's own settings (its budget is the ``Budget``; recorded in strategy files).
+
+    Attributes:
+      lanes: independent trees (fixed, whatever the number of workers), each with an equal share of the
+        rollouts.
+      max_depth: most actions in one trajectory (the paper's 30).
+      exploration: UCT's exploration constant (rewards are minus relative step times).
+      rave: how many visits of an action at a node its all-moves-as-first value weighs as much as its own
+        (RAVE's equivalence parameter).
+      stop_probability: chance that the default policy stops at each step (at a state that fits the memory
+        limit: under a limit that binds, short random rollouts would rarely end in a state that fits).
+      length_penalty: reward subtracted per action (prefers shorter trajectories).
+      patience: rollouts in a row without a better state before a lane restarts its tree (below its best
+        state, or afresh).
+      restarts: restarts per lane before it stops early (``None``: no limit, the budget is spent).
+      polish: after each phase's lanes, improve the best actions by local search (``_polish``); its costings
+        come on top of the rollout budget (a time budget bounds them).
+      polish_candidates: how many of the lanes' best trajectories and their trees' best (best first,
+        distinct) are polished.
+      polish_swaps: the polish also tries swapping each action for each other one (then a descent).
+      polish_budget: states the polish may score per rollout of the phase's budget (shared by its candidates;
+        with a rollout budget: then the polish's work is bounded in the budget, whatever the program).
+    """
+
+    lanes: int = 2
+    max_depth: int = 30
+    exploration: float = 0.3
+    rave: float = 100.0
+    stop_probability: float = 0.2
+    length_penalty: float = 1e-3
+    patience: int = 200
+    restarts: int | None = None
+    polish: bool = True
+    polish_candidates: int = 4
+    polish_swaps: bool = True
+    polish_budget: int = 10
+
+    def __post_init__(self) -> None:
+        """Raises ``ToastError`` for fewer than one lane or a patience below 1."""
+        if self.lanes < 1 or self.patience < 1:
+            raise ToastError("lanes and patience must be at least 1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,7 +258,7 @@ def _tree_score(score: float) -> float:
     return 1.5 + min(score - OVER_MEMORY, 1.0)
 
 
-def _run_lane(space: ActionSpace, memo: _Memo, settings: SearchSettings, task: _LaneTask) -> _LaneResult:
+def _run_lane(space: ActionSpace, memo: _Memo, settings: MctsSettings, task: _LaneTask) -> _LaneResult:
     """One lane: up to ``task.rollouts`` rollouts from ``task.root`` on one tree (restarted below the lane's
     best state after ``settings.patience`` rollouts without improvement), stopping early only when the
     tree has seen every state; a pure function of its inputs (``memo`` only memoizes).
@@ -226,7 +271,7 @@ def _run_lane(space: ActionSpace, memo: _Memo, settings: SearchSettings, task: _
         return _lane(space, memo, settings, task, scored)
 
 
-def _lane(space: ActionSpace, memo: _Memo, settings: SearchSettings, task: _LaneTask, scored: set[int]
+def _lane(space: ActionSpace, memo: _Memo, settings: MctsSettings, task: _LaneTask, scored: set[int]
           ) -> _LaneResult:
     rng = np.random.default_rng(list(task.seed))
     start_key = memo.key(np.frombuffer(task.root, dtype=np.uint8).copy())
@@ -285,7 +330,7 @@ def _lane(space: ActionSpace, memo: _Memo, settings: SearchSettings, task: _Lane
                        tuple(ranked[:settings.polish_candidates]))
 
 
-def _select(tree: _Tree, memo: _Memo, settings: SearchSettings, allowed: list[int], rng: np.random.Generator,
+def _select(tree: _Tree, memo: _Memo, settings: MctsSettings, allowed: list[int], rng: np.random.Generator,
             path: list[tuple[_Node, int]], taken: list[int]) -> tuple[bytes, bool]:
     """Selection: UCT-RAVE among each node's live positions, from the tree's root down to a node not yet in
     the tree. Appends the ``(node, position)`` steps to ``path`` and the actions to ``taken``; returns the key
@@ -332,7 +377,7 @@ def _select(tree: _Tree, memo: _Memo, settings: SearchSettings, allowed: list[in
         node = child_node
 
 
-def _roll_out(key: bytes, memo: _Memo, settings: SearchSettings, task: _LaneTask, allowed: list[int],
+def _roll_out(key: bytes, memo: _Memo, settings: MctsSettings, task: _LaneTask, allowed: list[int],
               rng: np.random.Generator, taken: list[int]) -> bytes:
     """Default policy: random valid actions (appended to ``taken``), stopping with probability
     ``stop_probability`` at each step, but not at a state over the memory limit (no sharding that stops there
@@ -534,7 +579,7 @@ def _polish(space: ActionSpace, memo: _Memo, actions: list[int], *, keep: int, a
 
 # Worker processes are forked with the space, memo and settings in this global (nothing is pickled, and a
 # user's script is not re-imported as spawned processes would); they send back only lane results.
-_WORKER: tuple[ActionSpace, _Memo, SearchSettings] | None = None
+_WORKER: tuple[ActionSpace, _Memo, MctsSettings] | None = None
 
 
 def _worker_lane(task: _LaneTask) -> _LaneResult:
@@ -543,7 +588,7 @@ def _worker_lane(task: _LaneTask) -> _LaneResult:
     return _run_lane(space, memo, settings, task)
 
 
-def _fork_pool(workers: int, context: tuple[ActionSpace, _Memo, SearchSettings]) -> Any:
+def _fork_pool(workers: int, context: tuple[ActionSpace, _Memo, MctsSettings]) -> Any:
     """A pool of forked workers holding ``context``, or ``None`` where the platform cannot fork."""
     import multiprocessing
     import warnings
@@ -560,10 +605,11 @@ def _fork_pool(workers: int, context: tuple[ActionSpace, _Memo, SearchSettings])
                                                             initargs=(os.getpid(),))
 
 
-DEFAULT_SETTINGS = SearchSettings()
+DEFAULT_SETTINGS = MctsSettings()
+DEFAULT_BUDGET = Budget()
 
 
-def _lane_tasks(settings: SearchSettings, state: np.ndarray, allowed: tuple[int, ...], phase: Phase,
+def _lane_tasks(settings: MctsSettings, seed: int, state: np.ndarray, allowed: tuple[int, ...], phase: Phase,
                 phase_index: int, *, budget: int | None, workers: int, phase_start_time: float,
                 phase_seconds: float | None) -> list[_LaneTask]:
     """A phase's lanes: its rollout ``budget`` shared by them; run in waves of ``workers``, with a time budget
@@ -573,13 +619,13 @@ def _lane_tasks(settings: SearchSettings, state: np.ndarray, allowed: tuple[int,
     waves = -(-settings.lanes // workers)
     lane_seconds = None if phase_seconds is None else phase_seconds * (
         1 - POLISH_TIME_SHARE if settings.polish else 1)
-    return [_LaneTask(state.tobytes(), allowed, phase.goal, (settings.seed, phase_index, lane),
+    return [_LaneTask(state.tobytes(), allowed, phase.goal, (seed, phase_index, lane),
                       share if share is not None else 2 ** 62,
                       None if lane_seconds is None else phase_start_time + lane_seconds * (lane // workers + 1) / waves)
             for lane, share in enumerate(shares) if share != 0]
 
 
-def _refine(space: ActionSpace, memo: _Memo, settings: SearchSettings, found: list[_LaneResult],
+def _refine(space: ActionSpace, memo: _Memo, settings: MctsSettings, found: list[_LaneResult],
             trajectory: list[int], best: float, phase: Phase, *, allowed: tuple[int, ...], keep: int,
             budget: int | None, deadline: float | None, pool: Any) -> tuple[float, list[int]]:
     """The lanes' best trajectories and the best of each of their trees, best first (each once), trimmed and
@@ -605,35 +651,26 @@ def _refine(space: ActionSpace, memo: _Memo, settings: SearchSettings, found: li
     return phase_best, chosen
 
 
-def _mesh_axes_of_phases(space: ActionSpace, settings: SearchSettings) -> list[str]:
-    """The mesh's axes; a ``ToastError`` when a phase names an axis the mesh lacks."""
-    mesh_axes = [axis for axis, _ in space.model.mesh.axes]
-    for phase in settings.phases:
-        unknown = sorted(set(phase.axes) - set(mesh_axes))
-        if unknown:
-            raise ToastError(f"search phase names mesh axis '{unknown[0]}'; the mesh has {', '.join(mesh_axes)}")
-    return mesh_axes
-
-
-def search(space: ActionSpace, costs: CostModel, *, settings: SearchSettings = DEFAULT_SETTINGS,
-           progress: Callable[[RoundResult, int, float], None] | None = None) -> SearchResult:
-    """Search for the sharding with the lowest cost.
+def search(space: ActionSpace, costs: CostModel, *, budget: Budget = DEFAULT_BUDGET,
+           settings: MctsSettings = DEFAULT_SETTINGS, progress: Progress | None = None) -> SearchResult:
+    """Search for the sharding with the lowest cost (``toast.search.base.SearchFn``).
 
     Args:
       space: the action space (with its pinned initial state).
       costs: the cost model (its ``device_memory`` is the memory limit: a state over it never beats one that
         fits).
-      settings: budget, seed and the search's constants.
+      budget: seed, rollouts, seconds, workers and phases.
+      settings: the search's constants.
       progress: called as each lane ends, and after each polish, with ``(round, rollouts so far, seconds so
         far)``.
 
     Raises:
-      ToastError: a phase naming an axis the mesh lacks (the settings checked themselves when made).
+      ToastError: a phase naming an axis the mesh lacks (budget and settings checked themselves when made).
     """
-    mesh_axes = _mesh_axes_of_phases(space, settings)
+    mesh_axes = mesh_axes_of_phases(space, budget)
     start = time.monotonic()
     memo = _Memo(costs, space)
-    workers = settings.workers or min(os.cpu_count() or 1, settings.lanes)
+    workers = budget.workers or min(os.cpu_count() or 1, settings.lanes)
     workers = max(1, min(workers, settings.lanes))
     costs.prepare(space.partition)  # once, before the fork (a no-op when the caller did it)
     memo.cost(space.initial_atoms)
@@ -643,18 +680,19 @@ def search(space: ActionSpace, costs: CostModel, *, settings: SearchSettings = D
         trajectory: list[int] = []
         rounds: list[RoundResult] = []
         total_rollouts = 0
-        for phase_index, phase in enumerate(settings.phases):
+        for phase_index, phase in enumerate(budget.phases):
             phase_start_time = time.monotonic()
-            phases_left = len(settings.phases) - phase_index
+            phases_left = len(budget.phases) - phase_index
             axes = set(phase.axes or mesh_axes)
             allowed = tuple(i for i, a in enumerate(space.actions) if a.axis in axes)
             best = memo.score(memo.key(state), phase.goal)
             phase_start = len(trajectory)  # trimming keeps the earlier phases' actions
             # The budget left is shared by the phases left.
-            budget = None if settings.rollouts is None else (settings.rollouts - total_rollouts) // phases_left
-            phase_seconds = None if settings.seconds is None else (
-                settings.seconds - (phase_start_time - start)) / phases_left
-            tasks = _lane_tasks(settings, state, allowed, phase, phase_index, budget=budget, workers=workers,
+            rollouts = None if budget.rollouts is None else (budget.rollouts - total_rollouts) // phases_left
+            phase_seconds = None if budget.seconds is None else (
+                budget.seconds - (phase_start_time - start)) / phases_left
+            tasks = _lane_tasks(settings, budget.seed, state, allowed, phase, phase_index, budget=rollouts,
+                                workers=workers,
                                 phase_start_time=phase_start_time, phase_seconds=phase_seconds)
             lane_results = pool.imap(_worker_lane, tasks, chunksize=1) if pool is not None else (
                 _run_lane(space, memo, settings, task) for task in tasks)
@@ -672,7 +710,7 @@ def search(space: ActionSpace, costs: CostModel, *, settings: SearchSettings = D
                              total_rollouts, time.monotonic() - start)
             deadline = None if phase_seconds is None else phase_start_time + phase_seconds
             phase_best, chosen = _refine(space, memo, settings, found, trajectory, best, phase, allowed=allowed,
-                                         keep=phase_start, budget=budget, deadline=deadline, pool=pool)
+                                         keep=phase_start, budget=rollouts, deadline=deadline, pool=pool)
             if phase_best < best:
                 trajectory, best = chosen, phase_best
                 replayed = _replay(space, trajectory)
@@ -693,4 +731,8 @@ def search(space: ActionSpace, costs: CostModel, *, settings: SearchSettings = D
     taken = tuple(space.actions[i] for i in trajectory)
     final = space.state(state, tuple(a for action in taken for a in action.as_actions()))
     return SearchResult(final, taken, costs.evaluate(final), tuple(rounds), total_rollouts, len(memo.scored),
-                        time.monotonic() - start, settings)
+                        time.monotonic() - start, budget, MCTS.name, settings)
+
+
+MCTS = Search("mcts", MctsSettings, search, "Monte Carlo Tree Search (UCT-RAVE lanes, restarts, polish; the "
+              "default)")

@@ -1,7 +1,8 @@
 """Roles: which argument dims play which part in a model; the data manual strategies are built from.
 
 A role names dims of the program's arguments by argument name and dim: the batch dim of the
-tokens, the heads dim of the attention weights, the hidden dim of the MLP, the sequence dim.
+tokens, the heads dim of the attention weights, the hidden dim of the MLP, the sequence dim, the
+experts dim of a mixture of experts' stacked weights.
 The strategies (``toast.sharding.strategies``) shard the colors of these dims, so they need
 nothing else from the program. Roles are data, written in a TOML roles file::
 
@@ -10,11 +11,12 @@ nothing else from the program. Roles are data, written in a TOML roles file::
     sequence = ["tokens:1"]
     heads = ["params['blocks'][*]['wq']:1", "params['blocks'][*]['wv']:1"]
     mlp = ["params['blocks'][*]['w_fc']:1"]
+    experts = ["params['blocks'][*]['w_in']:0"]  # a mixture of experts' w_in [E, D, F]
 
 Each entry is ``NAME:DIM``: an argument name as ``toast analyze`` prints it (``x``,
 ``params['w1']``), where only ``*`` is a wildcard (any characters), and after the last colon
 the dim (0-based) of that argument. A role is one entry or a list of them. The roles are
-``ROLE_NAMES``; a strategy uses some of them (``toast.sharding.strategies.NEEDS``).
+``ROLE_NAMES``; a strategy uses some of them (``toast.sharding.strategies.EXPERT_STRATEGIES``).
 
 An optional ``[axes]`` table says which mesh axes a role's colors go on, each a list of axis names
 (major to minor), and ``params`` the axes FSDP stores the parameters on: MaxText's batch over
@@ -24,8 +26,8 @@ An optional ``[axes]`` table says which mesh axes a role's colors go on, each a 
     batch = ["data", "fsdp"]
     params = ["fsdp"]
 
-A role it leaves out takes the strategies' default (``toast.sharding.strategies``: the batch on the
-data axis, the other roles on the model axis, the parameters on the batch's axes).
+A role it leaves out takes each strategy's own axes (``toast.sharding.strategies``: for most, the batch
+on the data axis, the other roles on the model axis, the parameters on the batch's axes).
 
 ``roles_for_input`` finds the roles of what ``toast shard`` reads: an explicit roles file,
 else, for a ``module:function`` input, the file ``<module>.roles.toml`` beside the module
@@ -46,7 +48,7 @@ from types import MappingProxyType
 from toast.errors import ToastError
 from toast.toml_files import read_toml
 
-ROLE_NAMES = ("batch", "heads", "mlp", "sequence")
+ROLE_NAMES = ("batch", "heads", "mlp", "sequence", "experts")
 AXES_KEYS = (*ROLE_NAMES, "params")  # keys of the [axes] table: the roles, and FSDP's storage axes
 ROLES_SUFFIX = ".roles.toml"
 _AXIS_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # as toast.sharding.mesh spells an axis

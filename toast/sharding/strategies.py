@@ -1,34 +1,63 @@
-"""Classic expert strategies expressed as actions on the sharding state (the search's baselines).
+"""Expert strategies: the shardings experts write by hand, one declaration each (the search's baselines).
 
 A strategy is built from *roles* (``toast.sharding.roles``): the dims of named function
 arguments that play a part in the model (the batch dim of the tokens, the heads dim of the
-attention weights, ...). A role names colors, so the strategies need no knowledge of the
-program beyond argument names; ``NEEDS`` says which roles each one needs.
+attention weights, the experts dim of a mixture of experts' weights, ...). A role names colors, so
+the strategies need no knowledge of the program beyond argument names.
 
-- ``data_parallel``: the batch color along the data axis.
-- ``megatron``: data parallel, plus the attention heads and the MLP hidden colors along the
-  model axis (Megatron-LM tensor parallelism; Figure 2c for the MLP).
-- ``fsdp``: data parallel, plus every parameter (a floating-point argument the batch role
-  leaves unsharded) stored sharded along the data axis on its largest divisible dim
-  (ZeRO-3): gathered where it is used, its update chain (the elementwise ops from the
-  parameter to the new parameter returned) sharded alike, so the gradient arrives by
-  reduce-scatter.
-- ``sequence``: data parallel, plus the sequence color along the model axis with resolution
-  bits ``1`` (the sequence sharding of Figure 5b in every attention).
-- Composites (``COMPOSITES``), as the paper's manual baselines combine them: ``fsdp+megatron``
-  (the U-Net's), ``fsdp+megatron+sequence`` and its other pairs (the Transformers': the best
-  of every combination). Megatron and sequence actions come first, each on its axis; FSDP then
-  stores every parameter not split along the data axis sharded there on its largest dim still
-  whole, so a Megatron-split weight is split along both axes.
+``EXPERT_STRATEGIES`` is the one table: an ``ExpertStrategy`` per strategy says which role goes on
+which mesh axes (an *axis choice* per role, resolved on the mesh) and, for FSDP, the axes every
+parameter is stored split over. ``toast shard --strategy NAME``, ``toast cost``, ``toast compare``'s
+rows and the search's candidates (``toast.search.find.price_manual_strategies``) all read it. The rows:
 
-Axes are chosen by name, as meshes are usually named: the data axis is the one named
-``batch``, ``data`` or ``dp`` (else the first axis); the model axis is the one named
-``model``, ``tensor``, ``tp`` or ``mp`` (for ``sequence`` also ``sequence``, ``seq``, ``sp``
-or ``context``), else the first axis that is not the data axis. A roles file's ``[axes]`` table
-(``Roles.axes``) says otherwise, role by role, and may name several axes: ``batch = ["data",
-"fsdp"]`` puts the batch color on both (one action per axis, a dim split over ``data`` x ``fsdp``),
-and ``params = ["fsdp"]`` stores FSDP's parameters over those axes (by default, the batch's); the
-model axis is then the first one the batch does not use.
+- ``data_parallel``: the batch on the data axis.
+- ``megatron``: data parallel, plus the attention heads and the MLP hidden colors on the model axis
+  (Megatron-LM tensor parallelism; Figure 2c for the MLP).
+- ``fsdp``: data parallel, plus every parameter (a floating-point argument the batch role leaves
+  unsharded) stored split over the batch's axes on its largest divisible dim (ZeRO-3): gathered
+  where it is used, its update chain (the elementwise ops from the parameter to the new parameter
+  returned) sharded alike, so the gradient arrives by reduce-scatter.
+- ``sequence``: data parallel, plus the sequence color on the model axis with resolution bits ``1``
+  (the sequence sharding of Figure 5b in every attention).
+- ``fsdp+megatron`` (the U-Net's manual baseline), ``fsdp+sequence``, ``megatron+sequence`` and
+  ``fsdp+megatron+sequence`` (the Transformers': the best of every combination), the paper's
+  composites: Megatron and sequence actions first, each on its axis; FSDP then stores every parameter
+  not split along the batch's axes on its largest dim still whole, so a Megatron-split weight is split
+  along both. A ``+`` name may give its parts in any order (``sequence+megatron+fsdp``).
+- ``data_parallel_all``: the batch over every axis (data parallelism over all devices).
+- ``fsdp_all``: the batch over every axis and every parameter stored split over every axis (ZeRO-3
+  over all devices; on a 2-axis mesh, the FSDP no single-axis strategy reaches).
+- ``fsdp_data_axes+megatron``: Megatron on the model axis, the batch over every other axis and the
+  parameters stored over those (2-D FSDP with tensor parallelism); on a mesh of three axes or more
+  (on two it is ``fsdp+megatron``).
+- ``maxtext``: MaxText's default logical axis rules (``MAXTEXT_RULES``, from MaxText's configs/base.yml)
+  as roles: the batch over ``data`` x ``fsdp`` x ``fsdp_transpose`` x ``expert`` (``activation_batch``),
+  the heads over ``tensor`` (``heads``), the MLP hidden dim over ``tensor`` (``activation_mlp``), the
+  sequence over ``sequence`` x ``context`` (``activation_length``), the experts over ``expert`` (``exp``),
+  every parameter stored over ``fsdp`` x ``fsdp_transpose`` x ``sequence`` x ``context`` x ``expert``
+  (``embed``), each where the mesh has the axis (toast's usual names count as MaxText's: ``batch``/``dp``
+  is ``data``, ``model``/``tp``/``mp`` is ``tensor``, ``seq``/``sp`` is ``sequence``, ``ep``/``exp`` is
+  ``expert``). Where the roles name the experts, the expert axis is theirs and the batch leaves it
+  (MaxText's ``activation_batch_no_exp`` in the MoE layers). Left out: a role is one color, so a weight's
+  rule and its activation's cannot differ: the MLP hidden dim is not on ``fsdp_transpose`` (the ``mlp``
+  weight rule), where the batch is; the parameters are stored on their largest dim still whole (toast's
+  FSDP), not on the ``embed`` dim as such; the vocabulary rules (``vocab``, ``activation_vocab``), the
+  KV-cache rules, ``stage`` (pipelining) and the attention layers' ``*_no_exp`` variants have no role.
+- ``expert_parallel``: the experts dim of a mixture of experts on the expert axis, the batch over
+  every other axis (GShard's expert parallelism: the dispatch and combine become all-to-alls).
+
+Axis choices: ``"data"`` the data axis (named ``batch``, ``data``, ``dp``, ``fsdp`` or
+``fsdp_transpose``, else the first); ``"data_axes"`` every axis the strategy's other roles leave;
+``"all"`` every axis; ``"batch"`` (parameters only) the batch's axes; ``"model"`` the axis named
+``model``, ``tensor``, ``tp`` or ``mp``, ``"sequence"`` one named ``sequence``, ``seq``, ``sp`` or
+``context`` (else a model axis), ``"expert"`` one named ``expert``, ``ep`` or ``exp``, each else the
+first axis the batch leaves; a tuple of axis names: every mesh axis of those names or their synonyms
+(``AXIS_SYNONYMS``: ``data`` is also ``batch``, ``tensor`` is also ``model``, ...), in that order, a
+role whose names the mesh lacks left unplaced. A strategy that cannot place its batch, or a model role
+it needs, does not apply (a one-line reason). A roles file's ``[axes]`` table (``Roles.axes``) says
+otherwise, role by role, for every strategy, and may name several axes: ``batch = ["data", "fsdp"]``
+puts the batch color on both (one action per axis, a dim split over ``data`` x ``fsdp``), and
+``params = ["fsdp"]`` stores FSDP's parameters over those axes.
 """
 
 from __future__ import annotations
@@ -45,24 +74,136 @@ from toast.analysis.named_dimensions import Analysis
 from toast.errors import ToastError
 from toast.sharding.carry import carried_nodes
 from toast.sharding.mesh import Mesh
-from toast.sharding.roles import PROPOSED_SOURCE, Roles
+from toast.sharding.roles import PROPOSED_SOURCE, ROLE_NAMES, Roles
 from toast.sharding.state import Action, InvalidState, ShardingModel, ShardingState, ShardNodes
 
-# Strategy -> the roles it needs: one role of each tuple.
-NEEDS: dict[str, tuple[tuple[str, ...], ...]] = {
-    "data_parallel": (("batch",),),
-    "megatron": (("batch",), ("heads", "mlp")),
-    "fsdp": (("batch",),),
-    "sequence": (("batch",), ("sequence",)),
-}
-STRATEGIES = tuple(NEEDS)
-TWO_AXES = ("megatron", "sequence")
-# Combinations of the strategies above (each includes data parallelism), in canonical order.
-COMPOSITES = ("fsdp+megatron", "fsdp+sequence", "megatron+sequence", "fsdp+megatron+sequence")
-_COMBINABLE = ("megatron", "sequence", "fsdp")  # data parallelism is in each
-DATA_AXIS_NAMES = ("batch", "data", "dp")
+DATA_AXIS_NAMES = ("batch", "data", "dp", "fsdp", "fsdp_transpose")
 MODEL_AXIS_NAMES = ("model", "tensor", "tp", "mp")
 SEQUENCE_AXIS_NAMES = ("sequence", "seq", "sp", "context", *MODEL_AXIS_NAMES)
+EXPERT_AXIS_NAMES = ("expert", "ep", "exp")
+# A name in a tuple axis choice (MaxText's) -> the other names meshes give that axis.
+AXIS_SYNONYMS: Mapping[str, tuple[str, ...]] = MappingProxyType({
+    "data": ("batch", "dp"), "tensor": ("model", "tp", "mp"), "sequence": ("seq", "sp"), "expert": ("ep", "exp")})
+
+AxisChoice = str | tuple[str, ...]
+DATA, DATA_AXES, ALL, BATCH = "data", "data_axes", "all", "batch"
+MODEL, SEQUENCE, EXPERT = "model", "sequence", "expert"
+# A model role's choice -> the axis names it prefers (else the first axis the batch leaves).
+_PREFERRED = {MODEL: MODEL_AXIS_NAMES, SEQUENCE: SEQUENCE_AXIS_NAMES, EXPERT: EXPERT_AXIS_NAMES}
+_BATCH_CHOICES = (DATA, DATA_AXES, ALL)
+_COUNTS = {2: ("two", "batch=4,model=2"), 3: ("three", "data=2,fsdp=2,model=2")}
+
+
+@dataclass(frozen=True, slots=True)
+class ExpertStrategy:
+    """One expert strategy, declared: which role goes on which mesh axes.
+
+    Attributes:
+      name: what ``--strategy`` takes; parts joined by ``+`` (``fsdp+megatron``) may come in any order.
+      doc: what it is, in one line.
+      placements: ``(role, axis choice)`` pairs, the batch first, in the order their actions apply; a role
+        the roles lack is skipped (``needs`` says which must be there). The module docstring lists the choices.
+      params: the axes FSDP stores every parameter split over (an axis choice; ``"batch"``: the batch's), or
+        ``None``: parameters stay as the placements leave them.
+      needs: the roles it needs, one role of each tuple.
+      min_axes: the mesh axes it needs; on fewer it does not apply.
+      paper: one of the paper's manual baselines (``STRATEGIES``, ``COMPOSITES``).
+    """
+
+    name: str
+    doc: str
+    placements: tuple[tuple[str, AxisChoice], ...]
+    params: AxisChoice | None = None
+    needs: tuple[tuple[str, ...], ...] = (("batch",),)
+    min_axes: int = 1
+    paper: bool = False
+
+    def __post_init__(self) -> None:
+        roles = [role for role, _ in self.placements]
+        if not roles or roles[0] != "batch" or len(set(roles)) < len(roles):
+            raise ValueError(f"{self.name}: placements start with the batch and name each role once")
+        for role, choice in self.placements:
+            if role not in ROLE_NAMES:
+                raise ValueError(f"{self.name}: unknown role {role!r}")
+            allowed = _BATCH_CHOICES if role == "batch" else tuple(_PREFERRED)
+            if not isinstance(choice, tuple) and choice not in allowed:
+                raise ValueError(f"{self.name}: {role} on {choice!r}, not one of {allowed} or a tuple of names")
+        if self.params is not None and not isinstance(self.params, tuple) and self.params not in (BATCH, ALL):
+            raise ValueError(f"{self.name}: params on {self.params!r}")
+
+
+_BATCH_ON_DATA: tuple[tuple[str, AxisChoice], ...] = (("batch", DATA),)
+_MEGATRON: tuple[tuple[str, AxisChoice], ...] = (("heads", MODEL), ("mlp", MODEL))
+_SEQUENCE: tuple[tuple[str, AxisChoice], ...] = (("sequence", SEQUENCE),)
+_NEEDS_MEGATRON = (("heads", "mlp"),)
+_NEEDS_SEQUENCE = (("sequence",),)
+
+# MaxText's default logical_axis_rules (MaxText/configs/base.yml, AI-Hypercomputer/maxtext), as roles: the
+# rule of each logical axis the roles stand for, MaxText's mesh axis names in the rule's order.
+MAXTEXT_RULES: Mapping[str, tuple[str, ...]] = MappingProxyType({
+    "batch": ("data", "fsdp", "fsdp_transpose", "expert"),  # activation_batch
+    "heads": ("tensor", "tensor_transpose", "tensor_sequence", "autoregressive"),  # heads
+    "mlp": ("tensor", "tensor_transpose", "tensor_sequence"),  # activation_mlp
+    "sequence": ("sequence", "context"),  # activation_length, less the expert axis the batch has
+    "experts": ("expert",),  # exp
+    "params": ("fsdp", "fsdp_transpose", "sequence", "context", "expert"),  # embed
+})
+# The one table of expert strategies (``STRATEGY_NAMES`` in this order).
+EXPERT_STRATEGIES: tuple[ExpertStrategy, ...] = (
+    ExpertStrategy("data_parallel", "data parallelism: the batch on the data axis", _BATCH_ON_DATA, paper=True),
+    ExpertStrategy("megatron", "data parallel, the attention heads and the MLP hidden dims on the model axis "
+                   "(Megatron-LM)", _BATCH_ON_DATA + _MEGATRON, needs=(("batch",), *_NEEDS_MEGATRON), min_axes=2,
+                   paper=True),
+    ExpertStrategy("fsdp", "data parallel, every parameter stored split over the batch's axes (ZeRO-3)",
+                   _BATCH_ON_DATA, params=BATCH, paper=True),
+    ExpertStrategy("sequence", "data parallel, the sequence on the model (sequence) axis", _BATCH_ON_DATA + _SEQUENCE,
+                   needs=(("batch",), *_NEEDS_SEQUENCE), min_axes=2, paper=True),
+    ExpertStrategy("fsdp+megatron", "Megatron, then FSDP over the data axis", _BATCH_ON_DATA + _MEGATRON,
+                   params=BATCH, needs=(("batch",), *_NEEDS_MEGATRON), min_axes=2, paper=True),
+    ExpertStrategy("fsdp+sequence", "sequence parallel, then FSDP over the data axis", _BATCH_ON_DATA + _SEQUENCE,
+                   params=BATCH, needs=(("batch",), *_NEEDS_SEQUENCE), min_axes=2, paper=True),
+    ExpertStrategy("megatron+sequence", "Megatron and the sequence on the model axes",
+                   _BATCH_ON_DATA + _MEGATRON + _SEQUENCE, needs=(("batch",), *_NEEDS_MEGATRON, *_NEEDS_SEQUENCE),
+                   min_axes=2, paper=True),
+    ExpertStrategy("fsdp+megatron+sequence", "Megatron and the sequence, then FSDP over the data axis",
+                   _BATCH_ON_DATA + _MEGATRON + _SEQUENCE, params=BATCH,
+                   needs=(("batch",), *_NEEDS_MEGATRON, *_NEEDS_SEQUENCE), min_axes=2, paper=True),
+    ExpertStrategy("data_parallel_all", "data parallelism over all devices: the batch over every axis",
+                   (("batch", ALL),)),
+    ExpertStrategy("fsdp_all", "FSDP over all devices: the batch over every axis, every parameter stored split "
+                   "over every axis", (("batch", ALL),), params=BATCH),
+    ExpertStrategy("fsdp_data_axes+megatron", "Megatron on the model axis, the batch and the stored parameters "
+                   "over every other axis", (("batch", DATA_AXES), *_MEGATRON), params=BATCH,
+                   needs=(("batch",), *_NEEDS_MEGATRON), min_axes=3),
+    ExpertStrategy("maxtext", "MaxText's default logical axis rules",
+                   tuple((role, MAXTEXT_RULES[role]) for role in ("batch", "heads", "mlp", "sequence", "experts")),
+                   params=MAXTEXT_RULES["params"]),
+    ExpertStrategy("expert_parallel", "expert parallelism: the experts on the expert axis, the batch over every "
+                   "other axis", (("batch", DATA_AXES), ("experts", EXPERT)), needs=(("batch",), ("experts",)),
+                   min_axes=2),
+)
+STRATEGY_NAMES = tuple(strategy.name for strategy in EXPERT_STRATEGIES)
+# The paper's manual baselines: the four strategies and their composites (each includes data parallelism).
+STRATEGIES = tuple(s.name for s in EXPERT_STRATEGIES if s.paper and "+" not in s.name)
+COMPOSITES = tuple(s.name for s in EXPERT_STRATEGIES if s.paper and "+" in s.name)
+# Strategy -> the roles it needs: one role of each tuple.
+NEEDS: Mapping[str, tuple[tuple[str, ...], ...]] = MappingProxyType(
+    {strategy.name: strategy.needs for strategy in EXPERT_STRATEGIES})
+_BY_PARTS = {frozenset(strategy.name.split("+")): strategy for strategy in EXPERT_STRATEGIES}
+
+
+def expert_strategy(name: str) -> ExpertStrategy:
+    """The table's row named ``name`` (a ``+`` name's parts in any order: ``sequence+megatron+fsdp``).
+
+    Raises:
+      ToastError: an unknown name, or a part given twice.
+    """
+    parts = [part.strip() for part in name.split("+")]
+    strategy = _BY_PARTS.get(frozenset(parts)) if len(set(parts)) == len(parts) else None
+    if strategy is None:
+        raise ToastError(f"unknown strategy '{name}' (known: {', '.join(STRATEGY_NAMES)}; combine fsdp, megatron "
+                         "and sequence with '+')")
+    return strategy
 
 
 def check_strategy(name: str, *, roles: Roles | None, mesh: Mesh) -> None:
@@ -70,13 +211,13 @@ def check_strategy(name: str, *, roles: Roles | None, mesh: Mesh) -> None:
     (``roles=None``: roles to be proposed from the analysis, so only the name and the mesh are checked).
 
     Raises:
-      ToastError: one line: an unknown strategy, a one-axis mesh for a strategy that needs two,
-        a role the strategy needs (``NEEDS``) that ``roles`` lack, or an ``[axes]`` entry naming an axis the
-        mesh lacks.
+      ToastError: one line: an unknown strategy, a mesh of fewer axes than it needs (``min_axes``), a role it
+        needs (``ExpertStrategy.needs``) that ``roles`` lack, or an ``[axes]`` entry naming an axis the mesh lacks.
     """
-    parts = strategy_parts(name)
-    if any(part in TWO_AXES for part in parts) and len(mesh.names) < 2:
-        raise ToastError(f"strategy '{name}' needs a mesh with two axes, e.g. batch=4,model=2")
+    strategy = expert_strategy(name)
+    if len(mesh.names) < strategy.min_axes:
+        count, example = _COUNTS[strategy.min_axes]
+        raise ToastError(f"strategy '{name}' needs a mesh with {count} axes, e.g. {example}")
     if roles is None:
         return
     for key, axes in roles.axes.items():
@@ -84,8 +225,7 @@ def check_strategy(name: str, *, roles: Roles | None, mesh: Mesh) -> None:
             if axis not in mesh.names:
                 raise ToastError(f"{roles.source}: [axes] {key} names mesh axis '{axis}', which the mesh "
                                  f"{mesh.spec()} lacks")
-    needs = dict.fromkeys(alternatives for part in parts for alternatives in NEEDS[part])
-    for alternatives in needs:
+    for alternatives in strategy.needs:
         if not any(roles.get(role) for role in alternatives):
             wanted = " or ".join(f"'{role}'" for role in alternatives)
             where = "--roles FILE or --batch ARG:DIM" if alternatives == ("batch",) else "--roles FILE"
@@ -95,20 +235,13 @@ def check_strategy(name: str, *, roles: Roles | None, mesh: Mesh) -> None:
 
 
 def strategy_parts(name: str) -> tuple[str, ...]:
-    """The strategies a name combines (``"fsdp+megatron"`` -> ``("fsdp", "megatron")``; a plain name is
-    itself).
+    """The parts of the table's row ``name`` resolves to (``"megatron+fsdp"`` -> ``("fsdp", "megatron")``; a
+    plain name is itself).
 
     Raises:
       ToastError: an unknown name or part, or a part given twice.
     """
-    parts = tuple(part.strip() for part in name.split("+"))
-    if len(parts) == 1 and parts[0] in NEEDS:
-        return parts
-    known = ", ".join(STRATEGIES + COMPOSITES)
-    if len(parts) == 1 or any(part not in _COMBINABLE for part in parts) or len(set(parts)) < len(parts):
-        raise ToastError(f"unknown strategy '{name}' (known: {known}; combine fsdp, megatron and sequence "
-                         "with '+')")
-    return parts
+    return tuple(expert_strategy(name).name.split("+"))
 
 
 def role_colors(analysis: Analysis, roles: Roles, role: str) -> list[int]:
@@ -155,33 +288,83 @@ def _model_axis(mesh: Mesh, preferred: tuple[str, ...], *, data_axes: Sequence[s
     return next((axis for name in preferred for axis in others if axis == name), others[0])
 
 
-def _role_axes(model: ShardingModel, roles: Roles, role: str, preferred: tuple[str, ...],
-               data_axes: Sequence[str]) -> tuple[str, ...]:
-    """The mesh axes of a model role (heads, mlp, sequence): the roles' ``[axes]`` entry, else the model axis."""
-    return roles.axes_of(role) or (_model_axis(model.mesh, preferred, data_axes=data_axes),)
+def _named_axes(names: tuple[str, ...], mesh: Mesh) -> tuple[str, ...]:
+    """The mesh axes of ``names`` or their synonyms (``AXIS_SYNONYMS``), in the order of ``names``."""
+    found = [axis for name in names for synonym in (name, *AXIS_SYNONYMS.get(name, ())) for axis in mesh.names
+             if axis == synonym]
+    return tuple(dict.fromkeys(found))
+
+
+def _batch_axes(choice: AxisChoice, mesh: Mesh, *, taken: set[str] | None) -> tuple[str, ...]:
+    """The batch's axes for ``choice``, leaving ``taken`` (the other roles' axes) to them; ``taken=None``: a
+    first guess, before the other roles are placed (their default axis is one the batch leaves)."""
+    if choice == DATA:
+        return (_data_axis(mesh),)
+    if choice == ALL:
+        return mesh.names
+    if choice == DATA_AXES and taken is None:
+        return tuple(axis for axis in mesh.names if axis in DATA_AXIS_NAMES) or mesh.names[:1]
+    axes = mesh.names if choice == DATA_AXES else _named_axes(tuple(choice), mesh)
+    return tuple(axis for axis in axes if axis not in (taken or ()))
+
+
+def placed_axes(strategy: ExpertStrategy, mesh: Mesh, roles: Roles) -> dict[str, tuple[str, ...]]:
+    """Where ``strategy`` puts each role on ``mesh``: role -> its mesh axes (major to minor) for the batch and
+    each other role of its placements that ``roles`` name, and ``"params"`` -> FSDP's storage axes; each a
+    role's ``[axes]`` entry in ``roles``, else its axis choice resolved (the module docstring). A role whose
+    named axes the mesh lacks (``maxtext``'s ``context`` on a mesh without one) is left out.
+
+    Raises:
+      ToastError: one line: no axis for the batch, or none left for a model role.
+    """
+    choices = dict(strategy.placements)
+    guess = roles.axes_of("batch") or _batch_axes(choices["batch"], mesh, taken=None)
+    placed: dict[str, tuple[str, ...]] = {}
+    for role, choice in strategy.placements[1:]:
+        if not roles.get(role):
+            continue
+        axes = roles.axes_of(role) or (_named_axes(choice, mesh) if isinstance(choice, tuple) else
+                                       (_model_axis(mesh, _PREFERRED[choice], data_axes=guess),))
+        if axes:
+            placed[role] = axes
+    batch = roles.axes_of("batch") or _batch_axes(choices["batch"], mesh, taken={a for v in placed.values() for a in v})
+    if not batch:
+        wanted = (f"an axis named {', '.join(choices['batch'])}" if isinstance(choices["batch"], tuple)
+                  else "an axis the other roles leave")
+        raise ToastError(f"strategy '{strategy.name}' finds no axis of mesh {mesh.spec()} for the batch ({wanted})")
+    placed = {"batch": batch, **placed}
+    if strategy.params is not None:
+        params = strategy.params
+        stored = roles.axes_of("params") or (_named_axes(params, mesh) if isinstance(params, tuple) else
+                                             mesh.names if params == ALL else batch)
+        if stored:
+            placed["params"] = stored
+    return placed
 
 
 def manual_strategy(model: ShardingModel, name: str, roles: Roles
                     ) -> tuple[ShardingState, tuple[Action | ShardNodes, ...]]:
-    """Apply the named strategy on ``model``'s mesh; returns the state and its actions.
+    """Apply the expert strategy ``name`` (a row of ``EXPERT_STRATEGIES``) on ``model``'s mesh; returns the
+    state and its actions: each placed role's colors on its axes (``placed_axes``), in the placements' order,
+    the sequence with resolution bits 1; then, for FSDP, every parameter stored split (``fsdp_actions``) on
+    what those left whole.
 
     Raises:
-      ToastError: ``check_strategy``'s errors; ``roles`` name no argument dim of the program,
-        or a role the strategy uses names none.
+      ToastError: ``check_strategy``'s and ``placed_axes``' errors; ``roles`` name no argument dim of the
+        program, or a role the strategy uses names none.
       InvalidState: an action gives an invalid state (a dim not divisible by its devices).
     """
     check_strategy(name, roles=roles, mesh=model.mesh)
-    parts = strategy_parts(name)
+    strategy = expert_strategy(name)
     analysis = model.analysis
     if not any(_argument_dims(analysis, pattern, dim) for pairs in roles.dims.values() for pattern, dim in pairs):
         raise ToastError(f"{roles.source}: no entry names an argument dim of {analysis.program.name} "
                          f"({_some_arguments(analysis)})")
-    batch_axes = roles.axes_of("batch") or (_data_axis(model.mesh),)
-    planned: list[tuple[str, Action]] = [("batch", Action(c, axis)) for c in role_colors(analysis, roles, "batch")
-                                         for axis in batch_axes]
-    for part, colors_on_second_axis in _SECOND_AXIS.items():  # a composite: its parts' actions, in this order
-        if part in parts:
-            planned += colors_on_second_axis(model, roles, batch_axes)
+    axes = placed_axes(strategy, model.mesh, roles)
+    ones = (1,) * analysis.conflicts.resolution_bits  # the sequence: Figure 5b's sharding in every attention
+    planned = [(role, Action(c, axis, ones) if role == "sequence" else Action(c, axis))
+               for role, _ in strategy.placements if role in axes
+               for c in role_colors(analysis, roles, role) for axis in axes[role]]
     state = model.initial()
     roles_on: dict[str, list[str]] = {}  # mesh axis -> the roles placed on it so far
     for role, action in planned:
@@ -194,27 +377,11 @@ def manual_strategy(model: ShardingModel, name: str, roles: Roles
         state = following
         roles_on.setdefault(action.axis, []).append(role)
     actions: list[Action | ShardNodes] = [action for _, action in planned]
-    for part, stored in _STORED_ON_DATA_AXIS.items():  # after the color actions: on what they left whole
-        if part in parts:
-            parameters = stored(model, roles.axes_of("params") or batch_axes, state=state, data_axes=batch_axes)
-            state = _apply_nodes(model, state, parameters)
-            actions += parameters
+    if "params" in axes:  # after the color actions: on what they left whole
+        parameters = fsdp_actions(model, axes["params"], state=state, data_axes=axes["batch"])
+        state = _apply_nodes(model, state, parameters)
+        actions += parameters
     return state, tuple(actions)
-
-
-def _megatron(model: ShardingModel, roles: Roles, data_axes: Sequence[str]) -> list[tuple[str, Action]]:
-    """The heads and MLP hidden colors along the model axis (Megatron-LM's tensor parallelism)."""
-    return [(role, Action(c, axis)) for role in ("heads", "mlp") if roles.get(role)
-            for c in role_colors(model.analysis, roles, role)
-            for axis in _role_axes(model, roles, role, MODEL_AXIS_NAMES, data_axes)]
-
-
-def _sequence(model: ShardingModel, roles: Roles, data_axes: Sequence[str]) -> list[tuple[str, Action]]:
-    """The sequence color along the model (sequence) axis, resolution bits 1 (Figure 5b's sharding)."""
-    axes = _role_axes(model, roles, "sequence", SEQUENCE_AXIS_NAMES, data_axes)
-    ones = (1,) * model.analysis.conflicts.resolution_bits
-    return [("sequence", Action(c, axis, ones)) for c in role_colors(model.analysis, roles, "sequence")
-            for axis in axes]
 
 
 def _apply_nodes(model: ShardingModel, state: ShardingState, actions: Sequence[ShardNodes]) -> ShardingState:
@@ -360,9 +527,3 @@ def fsdp_actions(model: ShardingModel, axis: str | Sequence[str], *, state: Shar
         actions += [ShardNodes(nodes, a, label) for a in free[:count]]
     return actions
 
-
-# The strategies as tables, composites as compositions of their parts (``data_parallel`` is in each, first):
-# a part's (role, color action) pairs on the second mesh axis, in this order; then a part that stores every
-# parameter sharded along the data axis (``fsdp``), on what the color actions left whole.
-_SECOND_AXIS = {"megatron": _megatron, "sequence": _sequence}
-_STORED_ON_DATA_AXIS = {"fsdp": fsdp_actions}
