@@ -5,11 +5,14 @@ what an interrupt means) and dies with its parent, even when the parent is kille
 worker outlives the command that started it. The parent turns SIGTERM into the same exception as Ctrl-C
 (``Terminated``, a ``KeyboardInterrupt``), so one cleanup path handles both: stop the workers, keep no
 partial file, exit promptly.
+
+And one for the memory of a process that builds a big program's structures: ``collector_paused``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
 import sys
@@ -81,3 +84,20 @@ def sigterm_as_interrupt() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Within the block, Python's cyclic garbage collector does not run; after it, it runs as before. toast builds
+    millions of small objects that form no cycles (a 100k-op program's ops, values, dimension names, identities,
+    a cost plan's tables): the collector's passes over them were a fifth of ``toast autoshard``'s CPU seconds on
+    a 57k-op program, and freed nothing (its peak memory is the same without them). Worker processes forked
+    within the block inherit the pause, so they do not touch every page they share with their parent either."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()

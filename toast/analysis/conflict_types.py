@@ -151,13 +151,28 @@ class Conflicts:
         """
         if len(bits) != len(self.groups):
             raise ValueError(f"expected {len(self.groups)} resolution bits, got {len(bits)}")
-        unsharded = set()
-        for conflict in self.conflicts:
-            if conflict.color != color:
-                continue
-            group_set = self.sets[self.set_of[conflict.id]]
-            position = group_set.conflicts.index(conflict.id)
-            resolution = int(bits[self.group_of[group_set.id]])
-            sharded = group_set.sharded_endpoints(resolution)[position]
-            unsharded.add(conflict.nodes[1 - sharded])
-        return frozenset(unsharded)
+        return frozenset(nodes[1 - (sharded_by_0 ^ int(bits[group]))]
+                         for nodes, sharded_by_0, group in _endpoints_by_color(self).get(color, ()))
+
+
+# The last ``Conflicts``' conflicts by color: a search and every manual strategy ask ``unsharded_nodes`` once per
+# action, and a 100k-op program has thousands of conflicts in sets of hundreds.
+_LAST_BY_COLOR: list[tuple[Conflicts, dict[int, list[tuple[tuple[int, int], int, int]]]]] = []
+
+
+def _endpoints_by_color(conflicts: Conflicts) -> dict[int, list[tuple[tuple[int, int], int, int]]]:
+    """``color -> [(conflict nodes, endpoint resolution 0 shards, resolution group)]``, in conflict order."""
+    if _LAST_BY_COLOR and _LAST_BY_COLOR[0][0] is conflicts:
+        return _LAST_BY_COLOR[0][1]
+    position: dict[tuple[int, int], int] = {}  # (set, conflict) -> the conflict's first place in the set
+    for group_set in conflicts.sets:
+        for k, conflict_id in enumerate(group_set.conflicts):
+            position.setdefault((group_set.id, conflict_id), k)
+    by_color: dict[int, list[tuple[tuple[int, int], int, int]]] = {}
+    for conflict in conflicts.conflicts:
+        group_set = conflicts.sets[conflicts.set_of[conflict.id]]
+        by_color.setdefault(conflict.color, []).append(
+            (conflict.nodes, group_set.sharded_by_0[position[(group_set.id, conflict.id)]],
+             conflicts.group_of[group_set.id]))
+    _LAST_BY_COLOR[:] = [(conflicts, by_color)]
+    return by_color

@@ -22,6 +22,7 @@ heuristic are oriented alike, so one bit picks the same resolution in all of the
 
 from __future__ import annotations
 
+import operator
 from collections import defaultdict
 from collections.abc import Sequence
 
@@ -46,30 +47,40 @@ Facts = dict[str, list[tuple]]
 
 def conflict_facts(program: Program, names: DimensionNames, color_of: np.ndarray, node_of: np.ndarray) -> Facts:
     """Input facts of the conflicts stage: ``def_class`` and ``use_class`` rows for the dims
-    whose color occurs more than once in their tensor (linear in the number of names)."""
-    facts: Facts = {"def_class": [], "use_class": []}
-    for value in program.values:
-        rank = len(value.shape)
-        if rank < 2:
-            continue
-        base = names.def_base[value.id]
-        for dim in _repeated(color_of, base, rank):
-            facts["def_class"].append((value.id, dim, int(node_of[base + dim]), int(color_of[base + dim])))
-    for use_id, site in enumerate(names.use_sites):
-        value_id, base = site.value, site.first_name
-        rank = len(program.values[value_id].shape)
-        if rank < 2:
-            continue
-        for dim in _repeated(color_of, base, rank):
-            facts["use_class"].append((use_id, value_id, dim, int(node_of[base + dim]), int(color_of[base + dim])))
+    whose color occurs more than once in their tensor (linear in the number of names; in arrays, in
+    definition then dim order and use then dim order)."""
+    ranks = np.fromiter((len(value.shape) for value in program.values), dtype=np.int64, count=len(program.values))
+    value, dim, name = _repeated(np.asarray(names.def_base, dtype=np.int64), ranks, color_of)
+    facts: Facts = {"def_class": list(zip(value.tolist(), dim.tolist(), node_of[name].tolist(),
+                                          color_of[name].tolist(), strict=True))}
+    sites = names.use_sites
+    used = np.fromiter(map(_VALUE, sites), dtype=np.int64, count=len(sites))
+    first = np.fromiter(map(_FIRST_NAME, sites), dtype=np.int64, count=len(sites))
+    use, dim, name = _repeated(first, ranks[used] if len(sites) else np.zeros(0, dtype=np.int64), color_of)
+    facts["use_class"] = list(zip(use.tolist(), used[use].tolist(), dim.tolist(), node_of[name].tolist(),
+                                  color_of[name].tolist(), strict=True))
     return facts
 
 
-def _repeated(color_of: np.ndarray, base: int, rank: int) -> list[int]:
-    colors = [int(c) for c in color_of[base:base + rank]]
-    if len(set(colors)) == rank:
-        return []
-    return [dim for dim, color in enumerate(colors) if colors.count(color) > 1]
+_VALUE, _FIRST_NAME = operator.itemgetter(2), operator.itemgetter(3)  # a UseSite's value and first name
+
+
+def _repeated(bases: np.ndarray, ranks: np.ndarray, color_of: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(site, dim, name)`` of every dim whose color occurs twice among its site's dims (a site's dims are the
+    names ``bases[site]`` to ``bases[site] + ranks[site] - 1``), in site then dim order."""
+    sites = np.flatnonzero(ranks >= 2)
+    ranks = ranks[sites]
+    starts = np.cumsum(ranks) - ranks
+    site = np.repeat(sites, ranks)
+    dim = np.arange(int(ranks.sum())) - np.repeat(starts, ranks)
+    name = np.repeat(bases[sites], ranks) + dim
+    color = color_of[name]
+    order = np.lexsort((color, site))  # a site's dims of one color side by side
+    same = (site[order][1:] == site[order][:-1]) & (color[order][1:] == color[order][:-1])
+    twice = np.zeros(len(site), dtype=bool)
+    twice[order[1:][same]] = True
+    twice[order[:-1][same]] = True
+    return site[twice], dim[twice], name[twice]
 
 
 def build_conflicts(program: Program, names: DimensionNames, color_of: np.ndarray, node_of: np.ndarray,

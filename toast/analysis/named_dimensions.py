@@ -33,6 +33,7 @@ from toast.frontend.ir import Program
 from toast.frontend.loading import load_program_text
 from toast.frontend.stablehlo import read_text
 from toast.frozen import pickled_by_constructor
+from toast.processes import collector_paused
 from toast.resources import project_root
 
 
@@ -280,8 +281,9 @@ def analyze(
       InvalidRules: the rules' ``invalid`` output has rows (with ``check_invariants``); nothing is to be built on
         such an analysis (a broken identity, an unknown kernel class).
     """
-    analysis = _analyze(source, fn=fn, args=args, engine=engine, rules=rules, variant=variant, keep=keep,
-                        timeout_s=timeout_s, factory_arguments=factory_arguments, cache=cache)
+    with collector_paused():  # lowering, reading and the analysis build millions of acyclic objects
+        analysis = _analyze(source, fn=fn, args=args, engine=engine, rules=rules, variant=variant, keep=keep,
+                            timeout_s=timeout_s, factory_arguments=factory_arguments, cache=cache)
     if check_invariants and analysis.invalid:
         raise InvalidRules(_invalid_message(analysis.invalid), analysis.invalid)
     return analysis

@@ -17,7 +17,7 @@ from toast.cli.command import Command
 from toast.cli.options import Parser, output_options
 from toast.cli.strategy_commands import STRATEGY_COMMANDS
 from toast.errors import ToastError
-from toast.processes import Terminated, sigterm_as_interrupt
+from toast.processes import Terminated, collector_paused, sigterm_as_interrupt
 
 __all__ = ["COMMANDS", "main"]
 
@@ -43,7 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # index bookkeeping, not linear algebra. A value the user set stays.
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     try:
-        with sigterm_as_interrupt():
+        with sigterm_as_interrupt(), collector_paused():
             return _run(next(c for c in COMMANDS if c.name == options.command), options)
     except ToastError as err:
         print(f"toast: error: {err}", file=sys.stderr)

@@ -39,6 +39,16 @@ shard):
 The relative cost is ``C(s) = RT(s) + MP(s)`` with ``RT = step time / initial step time`` and
 ``MP = penalty · (peak − device memory) / initial peak`` when the peak exceeds the device memory, else 0.
 
+**Repeated layers.** With ``CostPlan.reuse`` (the default), a state built on a partition (the search's, whose actions
+are mirrored across layers) has its collectives found once per class of alike ops and values
+(``toast.cost.class_table``) and its FLOPs once per class of alike matmuls (``toast.cost.pricing.FlopClasses``); the
+combiners' groups are found scanning only the collectives that may join one (``combine_groups_fast``), and the
+makespan jumps over a run of repeated layers once the streams' state repeats (``toast.cost.repeats``): the work per
+state follows the program's distinct layers and its collectives, not its depth. What ``reuse=False`` (every op priced,
+every collective scanned) gives is equal: the collectives row for row, the kernels' times, the groups, the peak and
+the counts exactly; the step and compute times, the breakdown and the per-label seconds to within 1e-12 relative (a
+jump adds a repeat's effect in closed form, the sums in another order).
+
 Layout: ``toast.cost.plan.cost_plan`` builds what a program, mesh and hardware fix (a frozen ``CostPlan``, once);
 the pure functions of ``toast.cost.pricing`` (kernels, collectives), ``toast.cost.schedule`` (streams, combining,
 host link) and ``toast.cost.memory`` (timeline, peak) price a state on it; ``absolute_cost`` puts them together and
@@ -53,6 +63,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from toast.cost import class_table
+from toast.cost.class_table import ClassTable
 from toast.cost.collectives import ALL_GATHER, Collective, CommunicationModel
 from toast.cost.hardware import Hardware
 from toast.cost.kernels import KernelPlan
@@ -69,7 +81,15 @@ from toast.cost.pricing import (
     kernel_work,
     matmul_folds,
 )
-from toast.cost.schedule import by_label, combine_groups, host_transfers, makespan, sequential_sum, stream
+from toast.cost.schedule import (
+    by_label,
+    combine_groups,
+    combine_groups_fast,
+    host_transfers,
+    makespan,
+    sequential_sum,
+    stream,
+)
 from toast.sharding.state import NamePartition, ShardingModel, ShardingState
 
 __all__ = ["BREAKDOWN_KEYS", "AbsoluteCost", "Cost", "CostModel", "LiveBuffer", "absolute_cost"]
@@ -133,11 +153,13 @@ class AbsoluteCost(NamedTuple):
 
 
 
-def absolute_cost(plan: CostPlan, state: ShardingState, *, collectives: bool = True, moves: KernelMoves | None = None
-                  ) -> AbsoluteCost:
-    """The cost of ``state`` on ``plan`` (the module docstring has the model). ``collectives=False`` leaves
-    ``AbsoluteCost.collectives`` empty; ``moves``: ``toast.cost.pricing.kernel_moves`` of ``state.partition``
-    (made here when not given)."""
+def absolute_cost(plan: CostPlan, state: ShardingState, *, collectives: bool = True, moves: KernelMoves | None = None,
+                  classes: ClassTable | None = None) -> AbsoluteCost:
+    """The cost of ``state`` on ``plan`` (the module docstring has the model, and what ``plan.reuse`` changes:
+    nothing beyond rounding). ``collectives=False`` leaves ``AbsoluteCost.collectives`` empty; ``moves``:
+    ``toast.cost.pricing.kernel_moves`` of ``state.partition`` (made here when not given); ``classes``: the
+    ``ClassTable`` of ``state.partition``, which finds the collectives with ``plan.reuse`` (else every name is
+    read)."""
     pricing, schedule, hardware, microbatches = plan.pricing, plan.schedule, plan.hardware, plan.microbatches
     value_bytes, class_bytes = plan.communication.value_and_class_bytes(state)
     seconds, compute_time, memory_time = kernel_times(plan, state, value_bytes, class_bytes=class_bytes, moves=moves)
@@ -148,7 +170,9 @@ def absolute_cost(plan: CostPlan, state: ShardingState, *, collectives: bool = T
     busy_memory = float((np.where(compute_bound, 0.0, memory_time) * repeats).sum())
     overheads = float((pricing.overhead * repeats).sum()) + hardware.step_overhead
     item_time = np.bincount(schedule.top_of_kernel, weights=seconds * pricing.repeats, minlength=schedule.item_count)
-    table = plan.communication.table(state, value_bytes)
+    # Found per class of alike ops and values where the state is built on the classes' partition.
+    table = classes.table(state, class_bytes=class_bytes) if plan.reuse and classes is not None \
+        and state.partition is classes.partition else plan.communication.table(state, value_bytes)
     # Collectives over a single device move nothing (an axis of size 1): XLA emits none.
     moving = plan.collectives.moves[table.axes_mask]
     kind, axes_mask, value, op, operand = (table.kind[moving], table.axes_mask[moving], table.value[moving],
@@ -195,7 +219,8 @@ def absolute_cost(plan: CostPlan, state: ShardingState, *, collectives: bool = T
             values, ops, is_use, ready, consumer = (values[~chosen], ops[~chosen], is_use[~chosen],
                                                     ready[~chosen], consumer[~chosen])
     threshold = hardware.combine_threshold
-    group = combine_groups(threshold, kind[streamed], axes_mask[streamed], nbytes[streamed], ready, consumer)
+    groups = combine_groups_fast if plan.reuse else combine_groups  # the same groups
+    group = groups(threshold, kind[streamed], axes_mask[streamed], nbytes[streamed], ready, consumer)
     streams = [stream(plan, item_time, kind[streamed], axes_mask[streamed], nbytes[streamed], ready, consumer,
                       group)]
     # The same groups for the memory of the reductions combined (each row its own group where none combine).
@@ -210,7 +235,7 @@ def absolute_cost(plan: CostPlan, state: ShardingState, *, collectives: bool = T
         mb_time = np.where(schedule.update_items, 0.0, item_time)
         mb_rows = (kind[streamed][accumulating], axes_mask[streamed][accumulating],
                    nbytes[streamed][accumulating], ready[accumulating], consumer[accumulating])
-        streams.append(stream(plan, mb_time, *mb_rows, combine_groups(threshold, *mb_rows)))
+        streams.append(stream(plan, mb_time, *mb_rows, groups(threshold, *mb_rows)))
         runs.append(float(microbatches - 1))
     step = compute_busy = hardware.step_overhead
     total_comm = 0.0
@@ -274,6 +299,8 @@ class CostModel:
       microbatches: micro-batches per step (gradient accumulation): the program is one micro-batch's step;
         every kernel but the optimizer's runs this many times, the gradients are reduced once, in the last
         micro-batch, as Megatron-LM and an accumulating JAX loop do.
+      reuse: price repeated layers once (``CostPlan.reuse``; ``absolute_cost`` says what is equal); ``False``: the
+        full path, every op priced and every collective scanned.
 
     Attributes:
       cost_plan: the frozen plan; its settings and parts are also read here under their own names (``plan``:
@@ -283,11 +310,13 @@ class CostModel:
 
     def __init__(self, model: ShardingModel, hardware: Hardware, *, memory_penalty: float = 10.0,
                  device_memory: float | None = None, overlap: bool = True, donate: Iterable[int] = (),
-                 microbatches: int = 1):
+                 microbatches: int = 1, reuse: bool = True):
         self.cost_plan = cost_plan(model, hardware, memory_penalty=memory_penalty, device_memory=device_memory,
-                                   overlap=overlap, donate=donate, microbatches=microbatches)
-        # The per-partition grouping of kernels (``kernel_moves``), kept for the last partition asked for.
+                                   overlap=overlap, donate=donate, microbatches=microbatches, reuse=reuse)
+        # The per-partition grouping of kernels (``kernel_moves``) and, with ``reuse``, the collectives' classes
+        # (``ClassTable``), kept for the last partition asked for.
         self._moves: tuple[NamePartition, KernelMoves] | None = None
+        self._classes: tuple[NamePartition, ClassTable] | None = None
         self.initial = self._absolute(model.initial())
 
     @property
@@ -391,6 +420,7 @@ class CostModel:
         """Build the per-class arrays for states on ``partition`` now (linear in the program; otherwise the
         first such state builds them): a search calls this before its workers fork, so they share them."""
         self._kernel_moves(partition)
+        self.classes(partition)
 
     def memory_timeline(self, state: ShardingState) -> np.ndarray:
         """``int64[kernels + 3]``: bytes live on one device at each position (0: the arguments, before the
@@ -402,7 +432,22 @@ class CostModel:
         return live_at_peak(self.cost_plan, state, top=top)
 
     def _absolute(self, state: ShardingState, *, collectives: bool = True) -> AbsoluteCost:
-        return absolute_cost(self.cost_plan, state, collectives=collectives, moves=self._moves_of(state))
+        classes = self.classes(state.partition) if state.partition is not None else None
+        return absolute_cost(self.cost_plan, state, collectives=collectives, moves=self._moves_of(state),
+                             classes=classes)
+
+    def classes(self, partition: NamePartition) -> ClassTable | None:
+        """The ``ClassTable`` finding the collectives of states built on ``partition`` (``None`` without ``reuse``,
+        or for a program too small for one to pay: ``toast.cost.class_table.MIN_SITES``), kept for the last
+        partition asked for."""
+        if not self.cost_plan.reuse or len(self.communication.use_sites) < class_table.MIN_SITES:
+            return None
+        cached = self._classes
+        if cached is not None and cached[0] is partition:
+            return cached[1]
+        classes = ClassTable(self.communication, partition)
+        self._classes = (partition, classes)
+        return classes
 
     def _moves_of(self, state: ShardingState) -> KernelMoves | None:
         return self._kernel_moves(state.partition) if state.partition is not None else None

@@ -30,6 +30,7 @@ from toast.cost.kernels import HANDS_ON, KernelPlan
 from toast.cost.loops import LoopOverlap
 from toast.cost.network import Algorithm, GroupSpan, algorithms, mesh_group_span
 from toast.cost.overlap import CollectiveMatmul
+from toast.cost.repeats import ItemRuns, item_runs
 from toast.errors import ToastError
 from toast.frontend.ir import Program
 from toast.sharding.state import ShardingModel
@@ -123,6 +124,7 @@ class Schedule:
       outer_loop_of_kernel: ``int64[kernels]``, the top-level loop holding each kernel (``-1``: none).
       transfer_loops: per top-level loop holding copies between device and host memory, ``(item, trip count,
         int64[its kernels])``.
+      runs: the runs of items whose kernels repeat (``toast.cost.repeats.item_runs``): repeated layers.
     """
 
     top_of_kernel: np.ndarray
@@ -139,6 +141,7 @@ class Schedule:
     gradient_value: np.ndarray
     outer_loop_of_kernel: np.ndarray
     transfer_loops: Mapping[int, tuple[int, int, np.ndarray]]
+    runs: ItemRuns
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +176,10 @@ class CostPlan:
       overlap: whether collectives overlap compute (a communication stream).
       donate: indices of ``@main``'s arguments whose buffers the outputs may reuse, sorted.
       microbatches: micro-batches per step.
+      reuse: price alike ops once per class and jump over repeated layers where a state repeats them
+        (``toast.cost.class_table``, ``toast.cost.repeats``): the same cost (``toast.cost.model.absolute_cost`` says
+        how exactly) in time that grows with the program's distinct layers, not its depth; ``False``: every op
+        priced and every collective scanned (the reference the fast path is tested against).
       communication: the collectives a state needs (``toast.cost.collectives``).
       kernel_plan: the kernels, buffers and loops (``toast.cost.kernels``).
       loop_overlap: the loops' facts for pricing their bodies' collectives (``toast.cost.loops``).
@@ -191,6 +198,7 @@ class CostPlan:
     overlap: bool
     donate: tuple[int, ...]
     microbatches: int
+    reuse: bool
     communication: CommunicationModel
     kernel_plan: KernelPlan
     loop_overlap: LoopOverlap
@@ -203,7 +211,7 @@ class CostPlan:
 
 def cost_plan(model: ShardingModel, hardware: Hardware, *, memory_penalty: float = 10.0,
               device_memory: float | None = None, overlap: bool = True, donate: Iterable[int] = (),
-              microbatches: int = 1) -> CostPlan:
+              microbatches: int = 1, reuse: bool = True) -> CostPlan:
     """The ``CostPlan`` of ``model`` on ``hardware`` (settings as ``toast.cost.model.CostModel`` takes them).
 
     Raises:
@@ -230,8 +238,8 @@ def cost_plan(model: ShardingModel, hardware: Hardware, *, memory_penalty: float
             raise ToastError(f"donated argument {index}: the program has arguments 0..{len(program.arguments) - 1}")
     pricing = _kernel_pricing(model, hardware, plan)
     schedule = _schedule(model, plan, microbatches)
-    return CostPlan(model, hardware, memory_penalty, memory_bytes, overlap, donated, microbatches, communication, plan,
-                    loop_overlap, collective_matmul, collectives, pricing, schedule, _memory_layout(plan))
+    return CostPlan(model, hardware, memory_penalty, memory_bytes, overlap, donated, microbatches, reuse, communication,
+                    plan, loop_overlap, collective_matmul, collectives, pricing, schedule, _memory_layout(plan))
 
 
 def _collective_pricing(model: ShardingModel, hardware: Hardware) -> CollectivePricing:
@@ -338,9 +346,10 @@ def _schedule(model: ShardingModel, plan: KernelPlan, microbatches: int) -> Sche
         program, plan, top_of_kernel, item_count, item_of_op)
     update_items, kernel_runs, gradient_value = _microbatches(model, plan, microbatches, top_of_kernel, item_count)
     outer_loop_of_kernel, transfer_loops = _host_transfer_loops(plan, top_of_kernel)
+    runs = item_runs(program, plan, top_of_kernel, item_count)
     return Schedule(top_of_kernel, item_count, item_of_op, op_in_loop, op_repeats, consumer_item_of_op, first_reader,
                     ready_item, first_reader_of_value, update_items, kernel_runs, gradient_value,
-                    outer_loop_of_kernel, transfer_loops)
+                    outer_loop_of_kernel, transfer_loops, runs)
 
 
 def _readers(program: Program, plan: KernelPlan, top_of_kernel: np.ndarray, item_count: int, item_of_op: np.ndarray

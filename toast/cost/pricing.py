@@ -9,6 +9,8 @@ exposed.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from toast.cost.collectives import Collective
@@ -17,15 +19,46 @@ from toast.cost.overlap import exposed_seconds
 from toast.cost.plan import CollectivePricing, CostPlan
 from toast.sharding.state import NamePartition, ShardingState
 
-# Kernels grouped by the bytes they move in states built on one partition (``kernel_moves``).
-KernelMoves = tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray, int]]
+
+class FlopClasses(NamedTuple):
+    """The FLOP-counted ops (``KernelPricing.flop_names``) grouped by what their FLOPs depend on in states built on
+    one partition: the parts and sizes of their FLOP names, their scale and peak. A class's ops have the same FLOPs
+    over peak in every such state; a representative per class is priced.
+
+    Attributes:
+      op_class: ``int64[ops counted]``, each op's class.
+      parts, sizes: ``int64[entries]``, the parts and sizes of each class's representative's FLOP names, class
+        after class; ``starts``: ``int64[classes]``, where each class's start.
+      scales, peaks: ``float64[classes]``, FLOPs per product of the names' sizes, FLOP/s at peak.
+    """
+
+    op_class: np.ndarray
+    parts: np.ndarray
+    sizes: np.ndarray
+    starts: np.ndarray
+    scales: np.ndarray
+    peaks: np.ndarray
+
+
+class KernelMoves(NamedTuple):
+    """What ``kernel_work`` prices per class in states built on one partition (``kernel_moves``).
+
+    Attributes:
+      kernel_group: ``int64[kernels]``, each kernel's group of kernels that move alike.
+      moves: ``(row, byte class, count, rows)``, the sparse matrix of how many of each byte class
+        (``CommunicationModel.byte_classes``) a kernel of a group (row) moves, as ``int64[entries]``,
+        ``int64[entries]``, ``float64[entries]`` and the number of groups.
+      flops: the FLOP-counted ops' classes.
+    """
+
+    kernel_group: np.ndarray
+    moves: tuple[np.ndarray, np.ndarray, np.ndarray, int]
+    flops: FlopClasses
 
 
 def kernel_moves(plan: CostPlan, partition: NamePartition) -> KernelMoves:
-    """Kernels grouped by the bytes they move in states built on ``partition``: ``(int64[kernels], each kernel's
-    group; (row, byte class, count, rows))``, the sparse matrix of how many of each byte class
-    (``CommunicationModel.byte_classes``) a kernel of a group (row) moves, as ``int64[entries]``,
-    ``int64[entries]``, ``float64[entries]`` and the number of groups (linear in the program)."""
+    """Kernels grouped by the bytes they move, and FLOP-counted ops by what their FLOPs depend on, in states built on
+    ``partition`` (``KernelMoves``; linear in the program)."""
     kernel_plan = plan.kernel_plan
     value_class = plan.communication.byte_classes(partition).value_class
     class_count = int(value_class.max()) + 1 if len(value_class) else 0
@@ -53,7 +86,33 @@ def kernel_moves(plan: CostPlan, partition: NamePartition) -> KernelMoves:
         move_count += row_sums
     moves = (np.asarray(move_row, dtype=np.int64), np.asarray(move_class, dtype=np.int64),
              np.asarray(move_count, dtype=np.float64), len(rows))
-    return kernel_group, moves
+    return KernelMoves(kernel_group, moves, _flop_classes(plan, partition))
+
+
+def _flop_classes(plan: CostPlan, partition: NamePartition) -> FlopClasses:
+    """The FLOP-counted ops' classes on ``partition``: ops whose FLOP names have the same parts and sizes, in
+    order, and the same scale and peak."""
+    pricing, name_size = plan.pricing, plan.model.name_size
+    names = pricing.flop_names
+    bounds = np.append(pricing.flop_starts, len(names)).tolist()
+    parts, sizes = partition.part_of_name[names].tolist(), name_size[names].tolist()
+    scales, peaks = pricing.flop_scales.tolist(), pricing.flop_peaks.tolist()
+    classes: dict[tuple, int] = {}
+    op_class = np.empty(len(scales), dtype=np.int64)
+    representatives: list[int] = []
+    for op in range(len(scales)):
+        begin, end = bounds[op], bounds[op + 1]
+        key = (tuple(parts[begin:end]), tuple(sizes[begin:end]), scales[op], peaks[op])
+        found = classes.setdefault(key, len(classes))
+        if found == len(representatives):
+            representatives.append(op)
+        op_class[op] = found
+    entries = [np.arange(bounds[op], bounds[op + 1]) for op in representatives]
+    flat = np.concatenate(entries) if entries else np.zeros(0, dtype=np.int64)
+    starts = np.cumsum([0] + [len(entry) for entry in entries[:-1]]).astype(np.int64)
+    rep = np.asarray(representatives, dtype=np.int64)
+    return FlopClasses(op_class, partition.part_of_name[names[flat]], name_size[names[flat]], starts,
+                       pricing.flop_scales[rep], pricing.flop_peaks[rep])
 
 
 def kernel_work(plan: CostPlan, state: ShardingState, value_bytes: np.ndarray | None = None, *,
@@ -69,8 +128,9 @@ def kernel_work(plan: CostPlan, state: ShardingState, value_bytes: np.ndarray | 
     if state.partition is not None:
         # Per group of kernels that move alike (repeated layers' kernels are one group); the sums are of
         # whole bytes (halves at most), so exact in any order.
-        kernel_group, (move_row, move_class, move_count, rows) = moves if moves is not None else kernel_moves(
-            plan, state.partition)
+        if moves is None:
+            moves = kernel_moves(plan, state.partition)
+        kernel_group, (move_row, move_class, move_count, rows) = moves.kernel_group, moves.moves
         if class_bytes is None:
             class_bytes = communication.class_bytes(state)
         # A sparse product (no BLAS: its threads would oversubscribe the search's worker processes).
@@ -87,7 +147,15 @@ def kernel_work(plan: CostPlan, state: ShardingState, value_bytes: np.ndarray | 
                                minlength=kernel_count))  # scratch: written, then read back
     # bincount adds each bin's terms in order, as a loop (and np.add.at) would.
     at_peak: np.ndarray = pricing.fixed_at_peak.copy()
-    if len(pricing.flop_names):
+    if len(pricing.flop_names) and plan.reuse and moves is not None and state.partition is not None:
+        # One representative per class of alike ops (the same numbers, computed once per class).
+        flop_classes = moves.flops
+        devices = plan.model.devices_of_mask[state.masks[state.partition.first_name][flop_classes.parts]]
+        local = (flop_classes.sizes // devices).astype(np.float64)
+        flops = flop_classes.scales * np.multiply.reduceat(local, flop_classes.starts)
+        at_peak += np.bincount(pricing.matmul_kernels, weights=(flops / flop_classes.peaks)[flop_classes.op_class],
+                               minlength=kernel_count)
+    elif len(pricing.flop_names):
         model = plan.model
         devices = model.devices_of_mask[state.masks[pricing.flop_names]]
         local = (model.name_size[pricing.flop_names] // devices).astype(np.float64)

@@ -15,6 +15,7 @@ import numpy as np
 from toast.cost.collectives import ALL_TO_ALL, COLLECTIVE_PERMUTE
 from toast.cost.plan import CostPlan
 from toast.cost.pricing import collective_durations
+from toast.cost.repeats import jumps_pay, periodic_makespan
 
 
 def sequential_sum(values: np.ndarray) -> float:
@@ -34,7 +35,10 @@ def stream(plan: CostPlan, item_time: np.ndarray, kind: np.ndarray, axes_mask: n
     busy = float(item_time.sum())
     if not plan.overlap:
         return busy + sequential_sum(durations), busy, masks, durations, durations
-    span, late = makespan(item_time, consumer, ready, durations, masks)
+    if plan.reuse and jumps_pay(ready, plan.schedule.runs):  # the same, jumping over repeated layers
+        span, late = periodic_makespan(item_time, consumer, ready, durations, masks, plan.schedule.runs)
+    else:
+        span, late = makespan(item_time, consumer, ready, durations, masks)
     return span, busy, masks, durations, late
 
 
@@ -155,6 +159,53 @@ def combine_groups(threshold: float, kind: np.ndarray, axes_mask: np.ndarray, nb
                 else (-1, -1, 0.0, 0)
         group[row] = current
     return None if current + 1 == len(order) else group
+
+
+# Fewer collectives than this are grouped by ``combine_groups``'s scan alone.
+_SCAN_ALL = 256
+
+
+def combine_groups_fast(threshold: float, kind: np.ndarray, axes_mask: np.ndarray, nbytes: np.ndarray,
+                        ready: np.ndarray, consumer: np.ndarray) -> np.ndarray | None:
+    """``combine_groups``, the same groups, scanning only the collectives that may join the group before: in
+    their order, a collective starts a group whenever it cannot join the previous one's whatever that group holds
+    (a different kind or axes, either not combinable, ready at or after the previous one's consumer, or the two
+    together over ``threshold``), found with numpy; the others are scanned as ``combine_groups`` scans them. Most
+    collectives of a layered program start a group of their own, so the scan is short."""
+    if len(kind) < _SCAN_ALL:  # numpy's calls cost more than the scan saves
+        return combine_groups(threshold, kind, axes_mask, nbytes, ready, consumer)
+    if threshold <= 0:
+        return None
+    order = np.lexsort((consumer, ready, axes_mask, kind))
+    kind, axes_mask, nbytes = kind[order], axes_mask[order], nbytes[order]
+    ready, consumer = ready[order], consumer[order]
+    combinable = (kind != ALL_TO_ALL) & (kind != COLLECTIVE_PERMUTE)
+    starts = np.ones(len(kind), dtype=bool)
+    # The group before holds the previous collective: its consumer bounds the group's, its bytes the group's.
+    starts[1:] = (~combinable[1:] | ~combinable[:-1] | (kind[1:] != kind[:-1]) | (axes_mask[1:] != axes_mask[:-1])
+                  | (ready[1:] >= consumer[:-1]) | (nbytes[1:] + nbytes[:-1] > threshold))
+    # The others, in order: each joins the group the one before is in, or starts one (a group the one before
+    # starts for certain begins from that one's bytes and consumer).
+    maybe = np.flatnonzero(~starts)
+    fresh = starts[maybe - 1].tolist()
+    group_bytes, group_due = 0.0, 0
+    for index, row_bytes, row_ready, row_due, restart, previous_bytes, previous_due in zip(
+            maybe.tolist(), nbytes[maybe].tolist(), ready[maybe].tolist(), consumer[maybe].tolist(), fresh,
+            nbytes[maybe - 1].tolist(), consumer[maybe - 1].tolist(), strict=True):
+        if restart:
+            group_bytes, group_due = previous_bytes, previous_due
+        if row_ready < group_due and group_bytes + row_bytes <= threshold:
+            group_bytes += row_bytes
+            if row_due < group_due:
+                group_due = row_due
+        else:
+            starts[index] = True
+            group_bytes, group_due = row_bytes, row_due
+    if starts.all():
+        return None
+    group = np.empty(len(order), dtype=np.int64)
+    group[order] = np.cumsum(starts) - 1
+    return group
 
 
 def by_label(axes_mask: np.ndarray, seconds: np.ndarray, labels: Sequence[str]) -> dict[str, float]:

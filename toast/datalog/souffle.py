@@ -40,8 +40,17 @@ def write_relations(relations: Mapping[str, Sequence[tuple]], directory: Path, *
     the format Soufflé reads (``.facts``) and writes (``.csv``)."""
     directory.mkdir(parents=True, exist_ok=True)
     for name, rows in relations.items():
+        # One %-format per row (what str() writes of each field), the text joined whole: a 100k-op program's
+        # million rows in a third of the time of a join per row.
+        line = "\t".join(["%s"] * len(rows[0])) + "\n" if rows else ""
+        try:
+            if not all(type(row) is tuple for row in rows):  # % reads a tuple's items, another row as one
+                raise TypeError
+            text = "".join(map(line.__mod__, rows))
+        except TypeError:  # rows not tuples, or of other lengths
+            text = "".join("\t".join(map(str, row)) + "\n" for row in rows)
         with open(directory / f"{name}{suffix}", "w") as out:
-            out.writelines("\t".join(str(x) for x in row) + "\n" for row in rows)
+            out.write(text)
 
 
 def read_outputs(directory: Path, types: Mapping[str, Sequence[str]]) -> dict[str, list[tuple]]:
@@ -51,16 +60,23 @@ def read_outputs(directory: Path, types: Mapping[str, Sequence[str]]) -> dict[st
         path = directory / f"{name}.csv"
         if not path.is_file():
             raise EngineError(f"souffle wrote no output for relation '{name}' ({path})")
-        converters = [int if t in ("number", "unsigned") else str for t in column_types]
-        rows = []
-        with open(path) as lines:
-            for line in lines:
-                fields = line.rstrip("\n").split("\t")
-                if len(fields) != len(converters):
-                    raise EngineError(f"{path}: row of {len(fields)} columns, expected {len(converters)}")
-                # Arity checked just above; zip's strict= keyword would slow this per-row loop.
-                rows.append(tuple(conv(f) for conv, f in zip(converters, fields)))  # noqa: B905
-        results[name] = sorted(rows)
+        numeric = [t in ("number", "unsigned") for t in column_types]
+        with open(path) as file:
+            lines = file.read().split("\n")
+        if lines[-1] == "":  # the last row's newline
+            lines.pop()
+        split = [line.split("\t") for line in lines]
+        widths = set(map(len, split))
+        if widths - {len(numeric)}:
+            width = min(widths - {len(numeric)}, key=[len(fields) for fields in split].index)  # the first row's
+            raise EngineError(f"{path}: row of {width} columns, expected {len(numeric)}")
+        if not split:
+            results[name] = []
+            continue
+        # Column by column (every row has them all): a million rows converted in C loops, not a call per field.
+        columns = [list(map(int, column)) if is_number else list(column)
+                   for column, is_number in zip(zip(*split, strict=True), numeric, strict=True)]
+        results[name] = sorted(zip(*columns, strict=True))
     return results
 
 

@@ -11,6 +11,7 @@ look names and uses up in the ``DimensionNames`` it returns.
 from __future__ import annotations
 
 import itertools
+import operator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -53,12 +54,16 @@ class DimensionNames:
     def use_id(self, op: int, operand: int) -> int:
         """The use id of operand ``operand`` of op ``op``."""
         if not self._use_of and self.use_sites:  # built on first lookup: the analysis needs none
-            self._use_of.update({(site.op, site.operand): k for k, site in enumerate(self.use_sites)})
+            # In C loops (a 90k-op program has 280k uses): each site's (op, operand), numbered.
+            self._use_of.update(zip(map(_OP_AND_OPERAND, self.use_sites), itertools.count()))
         return self._use_of[(op, operand)]
 
     def use_name(self, op: int, operand: int, dim: int) -> int:
         """The dimension name of dim ``dim`` of operand ``operand`` of op ``op``."""
         return self.use_sites[self.use_id(op, operand)].first_name + dim
+
+
+_OP_AND_OPERAND = operator.itemgetter(0, 1)  # a UseSite's (op, operand)
 
 
 def number_names(program: Program) -> DimensionNames:

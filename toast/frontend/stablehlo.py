@@ -583,6 +583,13 @@ class _Reader:
         self.ops: list[Op] = []
         self.call_counts: dict[str, int] = {}
         self.trace: list[tuple[Any, bool]] | None = None
+        # MLIR uniques attributes and locations in its context: a 100k-op program has tens of thousands of ops
+        # but a few hundred distinct ones of each, so each is decoded once (keyed by the attribute; a location by
+        # its attribute: Location objects hash by identity).
+        self._decoded: dict[Any, Any] = {}
+        self._constants: dict[Any, tuple[tuple[str, Any], ...]] = {}
+        self._locations: dict[Any, str] = {}
+        self._types: dict[Any, tuple[tuple[int, ...], str, int]] = {}
 
     def program(self, *, text: str = "") -> Program:
         entry = self._entry_function()
@@ -640,8 +647,11 @@ class _Reader:
             self.values[value_id] = dataclasses.replace(old, name=label)
 
     def _new_value(self, mlir_value: Any, *, name: str, loc: str, what: str) -> int:
-        where = loc or self.source
-        shape, dtype, bits = _tensor_type(mlir_value.type, what=what, where=where)
+        mlir_type = mlir_value.type
+        typed = self._types.get(mlir_type)
+        if typed is None:  # a type not met yet (types are uniqued too); a dynamic shape fails here, first met
+            typed = self._types[mlir_type] = _tensor_type(mlir_type, what=what, where=loc or self.source)
+        shape, dtype, bits = typed
         value = Value(len(self.values), name, shape, dtype, bits, loc)
         self.values.append(value)
         return value.id
@@ -654,15 +664,19 @@ class _Reader:
     def _visit(self, mlir_op: Any, env: dict[Any, int], names: Any, *, prefix: str,
                parent: tuple[int, int] | None, depth: int, call_loc: str) -> None:
         kind = mlir_op.operation.name
+        location = mlir_op.location
+        key = location.attr
+        user_loc = self._locations.get(key)
+        if user_loc is None:
+            user_loc = self._locations[key] = python_location(location)
         # Ops of private functions (relu, log_softmax) carry no user frame: use the call's.
-        loc = python_location(mlir_op.location) or call_loc
+        loc = user_loc or call_loc
         try:
             operands = tuple(env[v] for v in mlir_op.operands)
         except KeyError:  # pragma: no cover - MLIR verifies dominance before we get here
             raise InputError(f"{loc or self.source}: {kind} uses a value defined outside its scope") from None
         results = tuple(
-            self._new_value(r, name=prefix + r.get_name(names), loc=loc,
-                            what=f"{kind} result {prefix}{r.get_name(names)}")
+            self._new_value(r, name=(name := prefix + r.get_name(names)), loc=loc, what=f"{kind} result {name}")
             for r in mlir_op.results
         )
         for mlir_result, value_id in zip(mlir_op.results, results, strict=True):
@@ -680,6 +694,8 @@ class _Reader:
         self.ops.append(Op(op_id, kind, operands, results, attrs, loc, parent, ()))
         if self.trace is not None:
             self.trace.append((mlir_op, depth > 0))
+        if kind != "func.call" and not len(mlir_op.regions):  # most ops: the reserved op is the op
+            return
         if kind == "func.call":
             regions.append(self._inline_call(mlir_op, op_id, env, loc=loc, depth=depth))
         else:
@@ -726,22 +742,28 @@ class _Reader:
         self._walk_block(block, callee_env, names, prefix=prefix, parent=(op_id, 0), depth=depth + 1, call_loc=loc)
         return args
 
-    @staticmethod
-    def _attributes(mlir_op: Any) -> tuple[tuple[str, Any], ...]:
+    def _attributes(self, mlir_op: Any) -> tuple[tuple[str, Any], ...]:
         decoded = []
         attributes = mlir_op.attributes
+        known = self._decoded
         for name in attributes:
             name = getattr(name, "name", name)  # older bindings yield NamedAttribute
             if name in _SKIPPED_ATTRIBUTES:
                 continue
-            value = decode_attribute(attributes[name])
+            attr = attributes[name]
+            if attr in known:
+                value = known[attr]
+            else:
+                value = known[attr] = decode_attribute(attr)
             if value is not None:
                 decoded.append((name, value))
         if mlir_op.operation.name == "stablehlo.constant" and "value" in attributes:
-            scalar = _integer_scalar(attributes["value"])
-            if scalar is not None:
-                decoded.append(("scalar", scalar))
-            splat = _splat(attributes["value"])
-            if splat is not None:
-                decoded.append(("splat", splat))
+            attr = attributes["value"]
+            constant = self._constants.get(attr)
+            if constant is None:
+                scalar, splat = _integer_scalar(attr), _splat(attr)
+                constant = self._constants[attr] = (
+                    (("scalar", scalar),) if scalar is not None else ()) + (
+                    (("splat", splat),) if splat is not None else ())
+            decoded += constant
         return tuple(sorted(decoded, key=lambda kv: kv[0]))

@@ -33,8 +33,9 @@ block arguments (a ``dynamic_slice`` that slices the dim itself is not a way thr
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -53,12 +54,19 @@ _RETURNS = frozenset({"func.return", "stablehlo.return"})
 
 @dataclass(frozen=True, slots=True)
 class _Index:
-    """The analysis's names grouped for the walks."""
+    """Every step the walks can take, found for the whole program at once (arrays over the M edges): a program's
+    FSDP strategies and a search's stored actions walk from every parameter, a 100k-op program's thousands of
+    them, several times. Steps are grouped by the node they leave (``forward_start[node]`` to
+    ``forward_start[node + 1]``), and each start's answer is kept."""
 
-    node_names: tuple[np.ndarray, ...]  # node -> its names
-    uses_of_def: dict[int, list[int]]  # definition name -> use names (M edges)
-    def_of_use: dict[int, int]  # use name -> definition name
-    in_loop: np.ndarray  # bool[ops]: the op lies in a while's regions
+    # Lists, not arrays: a walk reads a few steps at a time, where a list's slice is several times faster.
+    forward_start: list[int]  # [nodes + 1]
+    forward_target: list[int]  # [steps]: the node a forward step reaches
+    forward_summed: list[bool]  # [steps]: a reduce sums the dim: the target is reached, not walked from
+    backward_start: list[int]  # [nodes + 1]
+    backward_target: list[int]  # [steps]
+    # (forward_from, backward_from) -> carried_nodes' answer.
+    answers: dict[tuple[frozenset[int], frozenset[int]], frozenset[int]] = field(default_factory=dict)
 
 
 _LAST: list[tuple[Analysis, _Index]] = []
@@ -67,87 +75,115 @@ _LAST: list[tuple[Analysis, _Index]] = []
 def _index(analysis: Analysis) -> _Index:
     if _LAST and _LAST[0][0] is analysis:
         return _LAST[0][1]
-    node_of = analysis.node_of
-    order = np.argsort(node_of, kind="stable")
-    bounds = np.searchsorted(node_of[order], np.arange(int(node_of.max()) + 2 if len(node_of) else 1))
-    node_names = tuple(order[bounds[n]:bounds[n + 1]] for n in range(len(bounds) - 1))
-    uses_of_def: dict[int, list[int]] = {}
-    def_of_use: dict[int, int] = {}
-    for definition, use in analysis.m_edges:
-        uses_of_def.setdefault(definition, []).append(use)
-        def_of_use[use] = definition
-    index = _Index(node_names, uses_of_def, def_of_use, loop_nest(analysis.program).loop_of_op >= 0)
+    index = _steps(analysis)
     _LAST[:] = [(analysis, index)]
     return index
+
+
+def _steps(analysis: Analysis) -> _Index:
+    """The walks' steps, as the module docstring says: forward along each M edge (a definition name to a use
+    name) whose op passes the dim on, backward along each M edge from the use to its definition's producer."""
+    program, names = analysis.program, analysis.names
+    definitions, count = len(names.defs), names.count
+    nodes = int(analysis.node_of.max()) + 1 if count else 0
+    node_of = analysis.node_of
+    keeps = analysis.kernel_semantics.keeps_elements
+    kinds = [op.kind for op in program.ops]
+    in_loop = loop_nest(program).loop_of_op >= 0
+    # Per op: whether a forward (backward) step may go through it. Into a loop anywhere; within a loop body, on
+    # through the ops that hand the dim on (outside loops the use at hand is where XLA gathers: a call used twice
+    # would gather twice); forward, through elementwise ops anywhere (XLA computes them on the split, as on the
+    # gradient clipping's square); backward, through the broadcast that initializes an accumulator.
+    is_while = np.array([kind == "stablehlo.while" for kind in kinds], dtype=bool)
+    hands_on = in_loop & np.array([kind in _PASS_ON or kind in keeps for kind in kinds], dtype=bool)
+    elementwise = np.zeros(len(kinds), dtype=bool)
+    elementwise[list(analysis.elementwise_ops)] = True
+    forward_op = is_while | hands_on | elementwise
+    backward_op = is_while | hands_on | np.array([kind in _INITIAL for kind in kinds], dtype=bool)
+    # The op whose results a use flows to: a call's (or a loop's) for its region's return.
+    passed_to = np.arange(len(kinds))
+    for op in program.ops:
+        if op.kind in _RETURNS and op.parent is not None and kinds[op.parent[0]] in _PASS_ON:
+            passed_to[op.id] = op.parent[0]
+    producer = np.asarray(program.producer, dtype=np.int64)
+    def_value = np.fromiter((value for value, _ in names.defs), dtype=np.int64, count=definitions)
+    def_op = producer[def_value] if definitions else np.zeros(0, dtype=np.int64)  # -1: an entry argument
+    use_op = np.fromiter((op for op, _, _ in names.uses), dtype=np.int64, count=len(names.uses))
+    summed_use = np.zeros(len(names.uses), dtype=bool)  # a reduce sums over the use's dim
+    for op_id, operand, dim in analysis.summed_dims:
+        if kinds[op_id] == "stablehlo.reduce":
+            summed_use[names.use_name(op_id, operand, dim) - definitions] = True
+    edges = np.fromiter(itertools.chain.from_iterable(analysis.m_edges), dtype=np.int64).reshape(-1, 2)
+    definition, use = edges[:, 0], edges[:, 1]
+
+    # Forward, from the definition's node to the use's: where a reduce sums the dim (reached, not walked from),
+    # or where the op the use flows to passes the dim on and the use's node holds a definition of that op's
+    # results or block arguments (the dim goes through).
+    source, target = node_of[definition], node_of[use]
+    summed = summed_use[use - definitions]
+    into = passed_to[use_op[use - definitions]]
+    defined = def_op >= 0
+    held = np.sort(node_of[:definitions][defined] * len(kinds) + def_op[defined])  # node x op of each definition
+    wanted = target * len(kinds) + into
+    through = held[np.minimum(np.searchsorted(held, wanted), max(len(held) - 1, 0))] == wanted if len(held) else \
+        np.zeros(len(wanted), dtype=bool)
+    step = summed | (forward_op[into] & through)
+    forward_start, forward_target, forward_summed = _grouped(source[step], nodes, target[step], summed[step])
+    # Backward, from the use's node to the definition's, through the definition's producer.
+    made_by = def_op[definition]
+    step = made_by >= 0
+    step[step] = backward_op[made_by[step]]
+    backward_start, backward_target = _grouped(node_of[use][step], nodes, node_of[definition][step])
+    return _Index(forward_start, forward_target, forward_summed, backward_start, backward_target)
+
+
+def _grouped(source: np.ndarray, nodes: int, *columns: np.ndarray) -> tuple[list, ...]:
+    """Rows grouped by ``source`` node: where each node's rows start (``nodes + 1``), then each column."""
+    order = np.argsort(source, kind="stable")
+    starts = np.searchsorted(source[order], np.arange(nodes + 1))
+    return (starts.tolist(), *(column[order].tolist() for column in columns))
 
 
 def carried_nodes(analysis: Analysis, *, forward_from: Iterable[int], backward_from: Iterable[int]) -> set[int]:
     """The nodes a stored split reaches beyond ``forward_from`` (a parameter's dim nodes) and ``backward_from``
     (its update chain's), found as the module docstring says; the start nodes are not included."""
     index = _index(analysis)
-    program, names = analysis.program, analysis.names
-    definitions = len(names.defs)
-    node_of = analysis.node_of
-    keeps = analysis.kernel_semantics.keeps_elements
+    start_forward = frozenset(int(n) for n in forward_from)
+    start_backward = frozenset(int(n) for n in backward_from)
+    key = (start_forward, start_backward)
+    answer = index.answers.get(key)
+    if answer is None:
+        answer = index.answers[key] = frozenset(_walk(index, start_forward, start_backward))
+    return set(answer)
 
-    elementwise = analysis.elementwise_ops
-    summed = analysis.summed_dims
 
-    def passes(kind: str, op_id: int, *, backward: bool) -> bool:
-        # Into a loop anywhere; within a loop body, on through the ops that hand the dim on (outside loops the
-        # use at hand is where XLA gathers: a call used twice would gather twice); forward, through elementwise
-        # ops anywhere (XLA computes them on the split, as on the gradient clipping's square).
-        return kind == "stablehlo.while" or (backward and kind in _INITIAL) or (
-            bool(index.in_loop[op_id]) and (kind in _PASS_ON or kind in keeps)) or (
-            not backward and op_id in elementwise)
-
-    def passed_to(op_id: int) -> int:
-        """The op whose results a use in ``op_id`` flows to: a call's (or a loop's) for its region's return."""
-        op = program.ops[op_id]
-        if op.kind in _RETURNS and op.parent is not None and program.ops[op.parent[0]].kind in _PASS_ON:
-            return op.parent[0]
-        return op_id
-
-    def through(node: int, op_id: int) -> bool:
-        """The node holds a definition of ``op_id``'s results or block arguments: the dim goes through."""
-        return any(name < definitions and program.producer[names.defs[name][0]] == op_id
-                   for name in index.node_names[node].tolist())
-
+def _walk(index: _Index, start_forward: frozenset[int], start_backward: frozenset[int]) -> set[int]:
+    """``carried_nodes``' walk: the nodes reached from the start nodes along ``index``'s steps, less the start
+    nodes. A backward step reaches a node and walks on from it both ways (the gradient's other uses: its
+    clipping norm), unless the node is where a backward walk started."""
     found: set[int] = set()
-    start_forward = {int(n) for n in forward_from}
-    start_backward = {int(n) for n in backward_from}
     frontier = [(n, True) for n in sorted(start_forward)] + [(n, False) for n in sorted(start_backward)]
-    seen = {(n, forward) for n, forward in frontier}
+    seen = set(frontier)
     while frontier:
         node, forward = frontier.pop()
-        for name in index.node_names[node].tolist():
-            if forward and name < definitions:
-                for use in index.uses_of_def.get(name, ()):
-                    user, operand, dim = names.uses[use - definitions]
-                    op_id = passed_to(user)
-                    target = int(node_of[use])
-                    if (target, True) in seen:
-                        continue
-                    if program.ops[user].kind == "stablehlo.reduce" and (user, operand, dim) in summed:
-                        found.add(target)  # summed on the split: a partial sum, reduced over the axis (a scalar)
-                        continue
-                    if not passes(program.ops[op_id].kind, op_id, backward=False) or not through(target, op_id):
-                        continue
-                    seen.add((target, True))
-                    found.add(target)
-                    frontier.append((target, True))
-            elif not forward and name >= definitions:
-                definition = index.def_of_use.get(name)
-                if definition is None:
+        if forward:
+            start, end = index.forward_start[node], index.forward_start[node + 1]
+            for target, summed in zip(index.forward_target[start:end], index.forward_summed[start:end], strict=True):
+                if (target, True) in seen:
                     continue
-                op_id = program.producer[names.defs[definition][0]]
-                target = int(node_of[definition])
-                if op_id < 0 or (target, False) in seen or not passes(program.ops[op_id].kind, op_id, backward=True):
+                found.add(target)
+                if not summed:  # summed on the split: a partial sum, reduced over the axis (a scalar)
+                    seen.add((target, True))
+                    frontier.append((target, True))
+        else:
+            start, end = index.backward_start[node], index.backward_start[node + 1]
+            for target in index.backward_target[start:end]:
+                if (target, False) in seen:
                     continue
                 seen.add((target, False))
                 found.add(target)
                 frontier.append((target, False))
-                if (target, True) not in seen:  # and on from it: the gradient's other uses (its clipping norm)
+                if (target, True) not in seen:
                     seen.add((target, True))
                     frontier.append((target, True))
     return found - start_forward - start_backward

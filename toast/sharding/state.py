@@ -119,6 +119,10 @@ class ShardingModel:
                 starts.append(len(names.defs) + offset)
                 previous = (op, k)
         self.site_starts = np.asarray(starts, dtype=np.int64)
+        self._site_ends = np.append(self.site_starts[1:], names.count).astype(np.int64)
+        # The masks of the last state ``problem`` found valid (replaced, never written into: a reader holding the
+        # old one still holds a valid state's masks).
+        self._valid_masks: np.ndarray | None = None
         order = np.argsort(analysis.color_of, kind="stable")
         bounds = np.searchsorted(analysis.color_of[order], np.arange(len(analysis.colors) + 1))
         self._names_of_color = [order[bounds[c]:bounds[c + 1]] for c in range(len(analysis.colors))]
@@ -169,8 +173,13 @@ class ShardingModel:
             self._node_order = np.argsort(node_of, kind="stable")
             self._node_bounds = np.searchsorted(node_of[self._node_order], np.arange(int(node_of.max(initial=-1)) + 2))
         order, bounds = self._node_order, self._node_bounds
-        parts = [order[bounds[n]:bounds[n + 1]] for n in set(nodes) if 0 <= n < len(bounds) - 1]
-        return np.sort(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
+        # Each node's run of ``order``, laid end to end in arrays (an FSDP strategy asks for thousands of
+        # parameters' nodes, dozens each).
+        wanted = np.unique(np.fromiter(nodes, dtype=np.int64))
+        wanted = wanted[(wanted >= 0) & (wanted < len(bounds) - 1)]
+        starts, lengths = bounds[wanted], bounds[wanted + 1] - bounds[wanted]
+        offsets = np.cumsum(lengths) - lengths
+        return np.sort(order[np.arange(int(lengths.sum())) + np.repeat(starts - offsets, lengths)])
 
     def apply(self, state: ShardingState, action: Action, *, check: bool = True) -> ShardingState:
         """The state after ``action``; ``InvalidState`` when the result is invalid and ``check``."""
@@ -194,28 +203,60 @@ class ShardingModel:
         return result
 
     def problem(self, state: ShardingState) -> str:
-        """The first reason ``state`` is invalid, or ``""``."""
+        """The first reason ``state`` is invalid, or ``""``.
+
+        A state a few actions away from the last one found valid (a strategy's actions applied one at a time,
+        each checked) is checked on the names that differ alone: every reason names a site, a name or a
+        reshape factor whose masks changed, so the answer is the full check's, at the cost of the change."""
         masks = state.masks
-        if len(self.site_starts):
-            combined = np.bitwise_or.reduceat(masks, self.site_starts)
-            counted = np.add.reduceat(POPCOUNT[masks], self.site_starts)
+        valid = self._valid_masks
+        changed = None
+        if valid is not None and len(valid) == len(masks):
+            changed = np.flatnonzero(masks != valid)
+            if len(changed) * 8 > len(masks):  # most names changed: the full check is as fast
+                changed = None
+        found = self._problem_of(masks, changed)
+        if not found:
+            self._valid_masks = masks.copy()
+        return found
+
+    def _problem_of(self, masks: np.ndarray, changed: np.ndarray | None) -> str:
+        """``problem`` of ``masks``, checking only the sites, names and factors of the ``changed`` names (ascending;
+        the other names' masks are a valid state's) or, ``None``, all of them."""
+        starts = self.site_starts
+        if changed is not None and len(starts):
+            # The sites holding a changed name, and their names laid end to end.
+            starts = starts[np.unique(np.searchsorted(self.site_starts, changed, side="right") - 1)]
+            lengths = self._site_ends[np.searchsorted(self.site_starts, starts)] - starts
+            offsets = np.cumsum(lengths) - lengths
+            site_names = np.arange(int(lengths.sum())) + np.repeat(starts - offsets, lengths)
+            sites, site_masks = offsets, masks[site_names]
+        else:
+            sites, site_masks = starts, masks
+        if len(sites):
+            combined = np.bitwise_or.reduceat(site_masks, sites)
+            counted = np.add.reduceat(POPCOUNT[site_masks], sites)
             twice = np.flatnonzero(POPCOUNT[combined] != counted)
             if len(twice):
-                name = int(self.site_starts[twice[0]])
+                name = int(starts[twice[0]])
                 return f"{self._site_label(name)}: one mesh axis shards two of its dims"
-        devices = self.devices_of_mask[masks]
-        bad = np.flatnonzero(self.name_size % devices)
+        if changed is None:
+            bad = np.flatnonzero(self.name_size % self.devices_of_mask[masks])
+        else:
+            bad = changed[np.flatnonzero(self.name_size[changed] % self.devices_of_mask[masks[changed]])]
         if len(bad):
             name = int(bad[0])
             return (f"{self._name_label(name)} has {self.name_size[name]} elements, not divisible by the "
-                    f"{devices[name]} devices of {'x'.join(self.mesh.mask_axes(int(masks[name])))}")
-        if len(self.factor_names):
-            devices = self.devices_of_mask[masks[self.factor_names]]
-            bad = np.flatnonzero(self.factor_sizes % devices)
+                    f"{self.devices_of_mask[masks[name]]} devices of {'x'.join(self.mesh.mask_axes(int(masks[name])))}")
+        factors = np.flatnonzero(np.isin(self.factor_names, changed)) if changed is not None else \
+            np.arange(len(self.factor_names))
+        if len(factors):
+            devices = self.devices_of_mask[masks[self.factor_names[factors]]]
+            bad = np.flatnonzero(self.factor_sizes[factors] % devices)
             if len(bad):
-                name = int(self.factor_names[bad[0]])
-                return (f"{self._name_label(name)} is reshaped through a factor of {self.factor_sizes[bad[0]]}, "
-                        f"not divisible by {devices[bad[0]]} devices")
+                name = int(self.factor_names[factors[bad[0]]])
+                return (f"{self._name_label(name)} is reshaped through a factor of "
+                        f"{self.factor_sizes[factors[bad[0]]]}, not divisible by {devices[bad[0]]} devices")
         return self._manual_problem(masks)
 
     def _manual_problem(self, masks: np.ndarray) -> str:
