@@ -17,8 +17,10 @@ of it and its own children: Soufflé, the search's workers) from ``resource.getr
 seconds; the child, its peak resident memory (``ru_maxrss`` of itself and of its children: the largest process of
 the tree). The probes time each stage in CPU seconds of the child and its children (inclusive: a stage's row
 counts the stages it calls, shown indented below it); ``other`` is what no top-level probe covers in toast's
-``main`` (argument parsing, the table printed), ``start-up`` the Python start and the imports before it.
-``--profile DIR`` also writes each child's cProfile statistics to ``DIR/<case>.prof``.
+``main`` (argument parsing, the table printed), ``start-up`` the Python start and the imports before it. ``lower
+with JAX`` includes importing JAX and the program's module (their first use); the summary's ``search CPU s`` is
+``find_strategy``'s seconds less those of its other rows. ``--profile DIR`` also writes each child's cProfile
+statistics to ``DIR/<case>.prof``.
 
 Prints one Markdown table per case, then a summary row per case for BENCHMARKS.md. The CPU seconds do not depend
 on other processes on the machine (wall seconds do); the search's seconds depend on ``--rollouts``.
