@@ -30,6 +30,7 @@ from toast.cost.collectives import (
     REDUCE_SCATTER,
     CollectiveTable,
     CommunicationModel,
+    cse_groups,
 )
 from toast.sharding.state import NamePartition, ShardingState
 
@@ -269,19 +270,7 @@ class ClassTable:
         hit_class = self._site_class[hits]
         # XLA's CSE: a value's sites resharded alike share the collective (the first carries it, the last one's
         # op frees it), as CommunicationModel._use_table groups them.
-        words = np.ascontiguousarray(layouts).view(np.uint64)
-        order = np.lexsort((*words.T, hit_class))
-        starts_group = np.empty(len(order), dtype=bool)
-        starts_group[0] = True
-        sorted_class, sorted_words = hit_class[order], words[order]
-        np.not_equal(sorted_class[1:], sorted_class[:-1], out=starts_group[1:])
-        for word in range(words.shape[1]):
-            starts_group[1:] |= sorted_words[1:, word] != sorted_words[:-1, word]
-        first_hits = order[starts_group]
-        kept = np.zeros(len(order), dtype=bool)
-        kept[first_hits] = True
-        last_hit = np.empty(len(order), dtype=np.int64)
-        last_hit[first_hits] = order[np.append(starts_group[1:], True)]
+        kept, last_hit = cse_groups(hit_class, layouts)
         sites = hits[kept]  # rep sites carrying collectives
         last_sites = hits[last_hit[kept]]
         moved, use_or = moved[kept], use_or[kept]

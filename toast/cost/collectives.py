@@ -555,20 +555,7 @@ class CommunicationModel:
         hit_values = self._site_values[hits]
         # One value resharded alike for several uses moves once (XLA's CSE merges the copies): group the hits
         # by (value, use masks); the first of a group carries the collectives, the last one's op frees the copy.
-        words = layouts.view(np.uint64)  # uint64[hits, width / 8]: the use masks, 8 dims a word
-        order = np.lexsort((*words.T, hit_values))  # stable: a group's hits stay in site order
-        sorted_values = hit_values[order]
-        sorted_words = words[order]
-        starts_group = np.empty(len(order), dtype=bool)
-        starts_group[0] = True
-        np.not_equal(sorted_values[1:], sorted_values[:-1], out=starts_group[1:])
-        for word in range(words.shape[1]):
-            starts_group[1:] |= sorted_words[1:, word] != sorted_words[:-1, word]
-        first_hits = order[starts_group]
-        kept = np.zeros(len(order), dtype=bool)
-        kept[first_hits] = True
-        last_hit = np.empty(len(order), dtype=np.int64)
-        last_hit[first_hits] = order[np.append(starts_group[1:], True)]  # per group, at its first hit
+        kept, last_hit = cse_groups(hit_values, layouts)
         sites = hits[kept]
         last_op = self._site_ops[hits[last_hit[kept]]]
         moved, use_or = moved[kept], use_or[kept]
@@ -655,3 +642,26 @@ class CommunicationModel:
                 if masks[first + dim] & keep[first + dim - defs] & axes_mask == axes_mask:
                     return dim
         return None
+
+
+def cse_groups(keys: np.ndarray, layouts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """XLA's CSE of resharding copies: hits (in site order) with one key (the value, or its class) and one
+    layout (``uint8[hits, width]`` use masks, ``width`` a multiple of 8) share one copy; the first hit of a group
+    carries its collectives, the last one's op frees it.
+
+    Returns ``(kept, last_hit)``: ``bool[hits]``, the first hit of each group; ``int64[hits]``, at each first hit
+    the group's last hit (elsewhere undefined)."""
+    words = np.ascontiguousarray(layouts).view(np.uint64)  # uint64[hits, width / 8]: 8 dims a word
+    order = np.lexsort((*words.T, keys))  # stable: a group's hits stay in site order
+    sorted_keys, sorted_words = keys[order], words[order]
+    starts_group = np.empty(len(order), dtype=bool)
+    starts_group[0] = True
+    np.not_equal(sorted_keys[1:], sorted_keys[:-1], out=starts_group[1:])
+    for word in range(words.shape[1]):
+        starts_group[1:] |= sorted_words[1:, word] != sorted_words[:-1, word]
+    first_hits = order[starts_group]
+    kept = np.zeros(len(order), dtype=bool)
+    kept[first_hits] = True
+    last_hit = np.empty(len(order), dtype=np.int64)
+    last_hit[first_hits] = order[np.append(starts_group[1:], True)]
+    return kept, last_hit

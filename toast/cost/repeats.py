@@ -160,15 +160,7 @@ def periodic_makespan(item_time: np.ndarray, consumer: np.ndarray, ready: np.nda
     exposed = np.zeros(len(duration))
     if not len(duration):
         return total, exposed
-    # As makespan: ready order, then consumer order; one row per (ready, consumer, axes).
-    order = np.lexsort((axes_mask, consumer, ready))
-    consumer, ready, duration, masks = consumer[order], ready[order], duration[order], axes_mask[order]
-    first = np.flatnonzero(np.concatenate(([True], (consumer[1:] != consumer[:-1]) | (ready[1:] != ready[:-1])
-                                           | (masks[1:] != masks[:-1]))))
-    rows = order[first]
-    if len(first) < len(duration):
-        consumer, ready, duration, masks = (consumer[first], ready[first], np.add.reduceat(duration, first),
-                                            masks[first])
+    rows, consumer, ready, duration, masks = merged_rows(consumer, ready, duration, axes_mask)
     consumer, ready = consumer + 1, ready + 1
     made_at = starts[ready]
     needed_at = np.where(ready < consumer, starts[np.minimum(consumer - 1, len(item_time))], np.inf)
@@ -564,3 +556,21 @@ def _tries(clean: int) -> set[int]:
         tries |= {power - 1, power}
         power *= 2
     return tries
+
+
+def merged_rows(consumer: np.ndarray, ready: np.ndarray, duration: np.ndarray, axes_mask: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The collectives as the stream takes them (``toast.cost.schedule.makespan``): in ready order, then consumer
+    order, those with one ready item, one consumer and one axis set merged into one row (they run back to back:
+    the stream starts the first at the same time either way, and the consumer waits for the last).
+
+    Returns ``(rows, consumer, ready, duration, axes_mask)`` per merged row, ``rows`` the collective each is
+    reported as, ``duration`` the members' seconds summed."""
+    order = np.lexsort((axes_mask, consumer, ready))
+    consumer, ready, duration, masks = consumer[order], ready[order], duration[order], axes_mask[order]
+    first = np.flatnonzero(np.concatenate(([True], (consumer[1:] != consumer[:-1]) | (ready[1:] != ready[:-1])
+                                           | (masks[1:] != masks[:-1]))))
+    if len(first) < len(duration):
+        consumer, ready, duration, masks = (consumer[first], ready[first], np.add.reduceat(duration, first),
+                                            masks[first])
+    return order[first], consumer, ready, duration, masks

@@ -15,7 +15,7 @@ import numpy as np
 from toast.cost.collectives import ALL_TO_ALL, COLLECTIVE_PERMUTE
 from toast.cost.plan import CostPlan
 from toast.cost.pricing import collective_durations
-from toast.cost.repeats import jumps_pay, periodic_makespan
+from toast.cost.repeats import jumps_pay, merged_rows, periodic_makespan
 
 
 def sequential_sum(values: np.ndarray) -> float:
@@ -67,15 +67,8 @@ def makespan(item_time: np.ndarray, consumer: np.ndarray, ready: np.ndarray, dur
     exposed = np.zeros(len(duration))
     if not len(duration):
         return total, exposed
-    order = np.lexsort((axes_mask, consumer, ready))
-    consumer, ready, duration = consumer[order], ready[order], duration[order]
-    # Collectives with one ready item, one consumer and one axis set run back to back as one: the stream
-    # starts the first at the same time either way, and the consumer waits for the last.
-    first = np.flatnonzero(np.concatenate(([True], (consumer[1:] != consumer[:-1]) | (ready[1:] != ready[:-1])
-                                           | (axes_mask[order][1:] != axes_mask[order][:-1]))))
-    rows = order[first]  # the collective each merged row is reported as
-    if len(first) < len(duration):
-        consumer, ready, duration = consumer[first], ready[first], np.add.reduceat(duration, first)
+    # Collectives with one ready item, one consumer and one axis set run back to back as one row.
+    rows, consumer, ready, duration, _ = merged_rows(consumer, ready, duration, axes_mask)
     # Items counted from 1 (0: before the first item, when arguments are ready).
     consumer, ready = consumer + 1, ready + 1
     made_at = starts[ready]  # before any wait of the compute stream
