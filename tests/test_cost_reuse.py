@@ -338,3 +338,63 @@ def test_reuse_keyword_reaches_the_plan():
     assert CostModel(model, toast.load_hardware("h100")).cost_plan.reuse
     plan = CostModel(model, toast.load_hardware("h100"), reuse=False).cost_plan
     assert not plan.reuse and dataclasses.replace(plan, reuse=True).reuse
+
+
+def test_periodic_makespan_matches_the_scan_with_collectives_ready_together(monkeypatch):
+    """Many collectives ready at the start (a same-ready stretch, scanned with numpy: pending as sorted arrays, not
+    the heap) and consumed along the run: the jumps replay them, the pops take them few at a time or many."""
+    jumps = count_jumps(monkeypatch)
+    stretches = []
+    stretch = repeats._Streams.stretch
+    monkeypatch.setattr(repeats._Streams, "stretch", lambda self, begin, end: (stretches.append(end - begin),
+                                                                               stretch(self, begin, end)))
+    rng = np.random.default_rng(13)
+    for case in range(40):
+        inputs, runs = periodic_inputs(rng, repeats_count=int(rng.integers(8, 40)), period=int(rng.integers(1, 4)),
+                                       width=int(rng.integers(1, 5)), before=int(rng.integers(20, 60)),
+                                       heavy=bool(case % 2))
+        expected_span, expected_exposed = makespan(*inputs)
+        span, exposed = periodic_makespan(*inputs, runs)
+        assert math.isclose(span, expected_span, rel_tol=1e-12), case
+        masks = inputs[4]
+        assert np.allclose(np.bincount(masks, weights=exposed), np.bincount(masks, weights=expected_exposed),
+                           rtol=0, atol=1e-12 * expected_span), case
+    assert any(jumps) and max(stretches) >= repeats._VECTOR_ROWS
+
+
+def test_periodic_makespan_run_without_rows_in_its_middle():
+    """Worked by hand: 20 items of 1 s; a run of 16 repeats of one item (items 2..17) whose collectives all lie in
+    its first repeat: 60 of 0.1 s (axes apart, so not merged) ready after item 2, at 3 s, consumed by item 19 (at
+    19 s): the stream runs them from 3 s to 9 s, nobody waits. Makespan 20 s, nothing exposed. The run's middle
+    repeats hold no rows: nothing to jump over (the scan once read past its rows there)."""
+    count = 60
+    inputs = (np.ones(20), np.full(count, 19), np.full(count, 2), np.full(count, 0.1), np.arange(1, count + 1))
+    runs = repeats.ItemRuns(np.array([2]), np.array([1]), np.array([16]))
+    span, exposed = periodic_makespan(*inputs, runs)
+    assert span == 20.0
+    assert exposed.tolist() == [0.0] * count
+
+
+@pytest.mark.parametrize("far", [7, 1 << 40])
+def test_merged_rows_worked_by_hand(far):
+    """Four collectives (consumer, ready, axes, seconds): (5, 0, 1, 1), (``far``, 0, 1, 2), (5, 0, 1, 3), (3, -1, 2,
+    4). In ready, then consumer order: the last (ready at the start), then the first and the third merged (one
+    ready item, consumer and axes set: 4 s, reported as the first), then the second; as well where a consumer lies
+    past what the packed sort key holds (``far`` = 2**40: the three-key sort)."""
+    rows, consumer, ready, duration, masks = repeats.merged_rows(
+        np.array([5, far, 5, 3]), np.array([0, 0, 0, -1]), np.array([1.0, 2.0, 3.0, 4.0]), np.array([1, 1, 1, 2]))
+    assert rows.tolist() == [3, 0, 1]
+    assert consumer.tolist() == [3, 5, far]
+    assert ready.tolist() == [-1, 0, 0]
+    assert duration.tolist() == [4.0, 4.0, 2.0]
+    assert masks.tolist() == [2, 1, 1]
+
+
+@pytest.mark.parametrize("least, pays", [(2, True), (3, False)])
+def test_jumps_pay_counts_the_collectives_in_each_run(monkeypatch, least, pays):
+    """Runs over items 2..13 (period 3, 4 repeats) and 20..24 (period 1, 5 repeats); collectives ready at items 1,
+    2, 13, 14, 20, 24, 25 and -1: two in each run (2 and 13; 20 and 24). Jumps pay when some run holds at least
+    ``least``: 2, not 3."""
+    monkeypatch.setattr(repeats, "_MIN_RUN_ROWS", least)
+    runs = repeats.ItemRuns(np.array([2, 20]), np.array([3, 1]), np.array([4, 5]))
+    assert repeats.jumps_pay(np.array([1, 2, 13, 14, 20, 24, 25, -1]), runs) is pays

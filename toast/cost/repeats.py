@@ -29,7 +29,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -52,11 +52,24 @@ class ItemRuns:
       starts: ``int64[runs]``, each run's first item.
       periods: ``int64[runs]``, items per repeat.
       repeats: ``int64[runs]``, repeats (at least ``MIN_REPEATS``).
+      boundaries: ``int64[runs + sum(repeats)]``, derived: the items where each run's repeats begin and where it
+        ends, counted from 1 (as the scans count them), run after run (found among a state's collectives at once).
+      edges: ``int64[2 * runs]``, derived: each run's first item and the item after it, run after run.
     """
 
     starts: np.ndarray
     periods: np.ndarray
     repeats: np.ndarray
+    boundaries: np.ndarray = field(init=False, repr=False, compare=False)
+    edges: np.ndarray = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        ends = self.starts + self.periods * self.repeats
+        object.__setattr__(self, "edges", np.stack((self.starts, ends), axis=1).ravel().astype(np.int64))
+        object.__setattr__(self, "boundaries", np.concatenate(
+            [np.zeros(0, dtype=np.int64)] + [start + 1 + period * np.arange(repeats + 1, dtype=np.int64) for
+                                             start, period, repeats in zip(self.starts.tolist(), self.periods.tolist(),
+                                                                           self.repeats.tolist(), strict=True)]))
 
     def __len__(self) -> int:
         return len(self.starts)
@@ -141,30 +154,38 @@ _MIN_SEGMENT_ROWS = 48
 _FEW_POPS = 16
 # An item after every other (no collective pending).
 _NEVER = 1 << 62
+# Bits of each of a collective's ready item + 1, consumer + 1 and axes mask in one sort key (three fit in an int64).
+_KEY_BITS = 21
 
 
 def jumps_pay(ready: np.ndarray, runs: ItemRuns) -> bool:
     """Whether some run holds enough of the collectives ready at items ``ready`` for ``periodic_makespan`` to pay
     (below that, checking the runs costs more than scanning them)."""
-    return any(np.count_nonzero((ready >= start) & (ready < start + period * repeats)) >= _MIN_RUN_ROWS
-               for start, period, repeats in zip(runs.starts.tolist(), runs.periods.tolist(), runs.repeats.tolist(),
-                                                 strict=True))
+    if not len(runs):
+        return False
+    # Odd positions among the edges fall in runs (run ``k`` at ``2k + 1``): collectives per run in one pass.
+    inside = np.bincount(np.searchsorted(runs.edges, ready, side="right"), minlength=2 * len(runs) + 1)[1::2]
+    return int(inside.max()) >= _MIN_RUN_ROWS
 
 
 def periodic_makespan(item_time: np.ndarray, consumer: np.ndarray, ready: np.ndarray, duration: np.ndarray,
                       axes_mask: np.ndarray, runs: ItemRuns) -> tuple[float, np.ndarray]:
     """``toast.cost.schedule.makespan`` (same arguments and results), jumping over the repeats of ``runs`` once the
     streams' state repeats (the module docstring says what is equal)."""
-    starts = np.concatenate(([0.0], np.cumsum(item_time)))
+    starts = np.empty(len(item_time) + 1)
+    starts[0] = 0.0
+    np.cumsum(item_time, out=starts[1:])
     total = float(starts[-1])
     exposed = np.zeros(len(duration))
     if not len(duration):
         return total, exposed
     rows, consumer, ready, duration, masks = merged_rows(consumer, ready, duration, axes_mask)
+    # As ``makespan`` (items counted from 1 there): made after the item ready, needed when the consumer starts.
+    needed_at = np.where(ready < consumer, starts[np.minimum(consumer, len(item_time))], np.inf)
     consumer, ready = consumer + 1, ready + 1
     made_at = starts[ready]
-    needed_at = np.where(ready < consumer, starts[np.minimum(consumer - 1, len(item_time))], np.inf)
-    scan = _Streams(starts, consumer, ready, made_at, needed_at, duration, masks)
+    scan = _Streams(starts, consumer, ready, made_at, needed_at, duration, masks,
+                    forward=not len(item_time) or bool(item_time.min() >= 0.0))
     done = 0
     for lo, hi, segment in _segments(scan, item_time, runs):
         scan.plain(done, lo)
@@ -184,7 +205,8 @@ class _Segment:
     items ``first + r * period ..`` (counted from 1, as the scan counts them). ``far``: ``bool[width]``, the rows
     consumed after the stretch (never waited for inside it); the others are consumed a fixed number of items after
     they are ready. ``clean``: the repeats whose consumers all lie within the stretch or at the item right after
-    it (so that their due times repeat too)."""
+    it (so that their due times repeat too). ``far_due``: per row consumed after the stretch (in order), its
+    earliest consumer over the repeats."""
 
     first: int
     period: int
@@ -192,43 +214,78 @@ class _Segment:
     width: int
     far: np.ndarray
     clean: int
+    far_due: tuple[int, ...]
 
 
 def _segments(scan: _Streams, item_time: np.ndarray, runs: ItemRuns) -> list[tuple[int, int, _Segment]]:
     """The stretches of runs whose rows and item times repeat in this state: ``(first row, end row, segment)``, in
     row order. A run's first or last repeats may differ (the first layer reads the embedding): the stretch is the
-    longest one around the run's middle repeat where every repeat equals it."""
+    longest one around the run's middle repeat where every repeat equals it (each repeat equal to the next: rows
+    shifted by one period, same durations and axes). Few numpy calls per run: each costs more than its work."""
     found = []
     ready_array = scan.ready_array
+    fields: np.ndarray | None = None
+    located = np.searchsorted(ready_array, runs.boundaries)  # the first row ready at each boundary or later
+    listed = located.tolist()
+    offset = 0
     for start, period, repeats in zip(runs.starts.tolist(), runs.periods.tolist(), runs.repeats.tolist(),
                                       strict=True):
-        bounds = np.searchsorted(ready_array, start + 1 + period * np.arange(repeats + 1))
-        if bounds[-1] - bounds[0] < min(_MIN_SEGMENT_ROWS, _MIN_RUN_ROWS):
+        offset += repeats + 1
+        if listed[offset - 1] - listed[offset - repeats - 1] < min(_MIN_SEGMENT_ROWS, _MIN_RUN_ROWS):
             continue
-        counts = np.diff(bounds)
+        bounds = located[offset - repeats - 1:offset]
+        counts = bounds[1:] - bounds[:-1]
         middle = repeats // 2
         width = int(counts[middle])
-        times = item_time[start:start + period * repeats].reshape(repeats, period)
-        index = np.minimum(bounds[:-1, None] + np.arange(width), len(ready_array) - 1)
-        fields = scan.fields[index]  # [repeats, width, 3]: ready, duration's bits, axes
-        fields[:, :, 0] -= (np.arange(repeats, dtype=np.int64) - middle)[:, None] * period
-        alike = ((counts == width) & np.all(times == times[middle], axis=1)
-                 & np.all(fields == fields[middle], axis=(1, 2)))
-        first, last = _stretch_around(alike, middle)
+        if not width:  # no rows to jump over
+            continue
+        # The repeats of ``width`` rows around the middle one (mostly all): their rows lie ``width`` apart.
+        uniform = counts == width
+        first, last = (0, repeats) if uniform.all() else _stretch_around(uniform, middle)
+        lo, hi = int(bounds[first]), int(bounds[last])
+        # Where neighbours (repeat ``first + k`` and the next: pair ``k``) differ, in item times or in rows (ready
+        # items one period on, the same durations' bits and axes; the differences wrap, so zero or not as the bits):
+        # element ``e`` of pair ``e // unit``.
+        times = item_time[start + first * period:start + last * period]
+        differ = [(np.flatnonzero(times[period:] != times[:-period]), period)]
+        if fields is None:  # ready item, duration's bits, axes: one row each
+            fields = np.empty((3, len(ready_array)), dtype=np.int64)
+            fields[0], fields[1], fields[2] = ready_array, scan.duration_array.view(np.int64), scan.mask_array
+        shifted = fields[:, lo + width:hi] - fields[:, lo:hi - width]
+        shifted[0] -= period
+        if shifted.any():
+            differ.append((np.flatnonzero(shifted.any(axis=0)), width))
+        # The repeats around the middle one linked to it by equal neighbours: up to the last pair before it that
+        # differs, from the first at or after it.
+        middle_pair, before, after = middle - first, 0, last - first
+        for elements, unit in differ:
+            cut = int(np.searchsorted(elements, middle_pair * unit))
+            if cut:
+                before = max(before, int(elements[cut - 1]) // unit + 1)
+            if cut < len(elements):
+                after = min(after, int(elements[cut]) // unit + 1)
+        first, last = first + before, first + after
         if last - first < 3:  # a jump compares two repeats and skips at least one
             continue
         lo, hi = int(bounds[first]), int(bounds[last])
         end = start + 1 + last * period  # items counted from 1, as the scan counts them
         count = last - first
         consumer = scan.consumer_array[lo:hi].reshape(count, width)
-        periodic = np.all(consumer - (np.arange(count, dtype=np.int64) * period)[:, None] == consumer[0], axis=0)
-        far = np.all(consumer >= end, axis=0) & ~periodic
-        if not np.all(periodic | far):
-            continue
-        # Repeats whose periodic consumers lie at most one item past the stretch: their due times repeat.
-        latest = consumer[:, periodic].max(axis=1) if periodic.any() else np.zeros(count, dtype=np.int64)
-        clean = int(np.searchsorted(latest > end, True))
-        found.append((lo, hi, _Segment(start + 1 + first * period, period, count, width, far, clean)))
+        periodic = (consumer[1:] - consumer[:-1] == period).all(axis=0)
+        if periodic.all():
+            far, far_due = ~periodic, ()
+        else:
+            earliest = consumer.min(axis=0)
+            far = (earliest >= end) & ~periodic
+            if not (periodic | far).all():
+                continue
+            far_due = tuple(earliest[far].tolist())
+        # Repeats whose periodic consumers lie at most one item past the stretch (their due times repeat): repeat
+        # ``r``'s latest periodic consumer is repeat 0's plus ``r`` periods.
+        latest = max((item for item, alike in zip(consumer[0].tolist(), periodic.tolist(), strict=True) if alike),
+                     default=None)
+        clean = count if latest is None else min(count, max(0, (end - latest) // period + 1))
+        found.append((lo, hi, _Segment(start + 1 + first * period, period, count, width, far, clean, far_due)))
     return found
 
 
@@ -245,41 +302,74 @@ class _Streams:
     """The makespan's scan (``toast.cost.schedule.makespan``'s loop), row range by row range, with its state kept
     between calls: the compute stream's delay, when the communication stream is free, the collectives late for
     consumers not yet reached and the delay each row caused. The late collectives are a heap of ``(consumer,
-    lateness, row)`` for those pushed one by one and sorted arrays for those pushed by numpy (``bulk``); both are
-    popped in ``(consumer, lateness, row)`` order, as ``makespan``'s heap pops them."""
+    lateness, row)`` for those pushed one by one and sorted arrays for those pushed by numpy (``bulk``, pending from
+    ``bulk_at`` on; ``bulk_lists`` the same as lists, for bisection and short pops); both are popped in ``(consumer,
+    lateness, row)`` order, as ``makespan``'s heap pops them, so which of the two holds a collective does not
+    matter."""
 
     def __init__(self, starts: np.ndarray, consumer: np.ndarray, ready: np.ndarray, made_at: np.ndarray,
-                 needed_at: np.ndarray, duration: np.ndarray, masks: np.ndarray):
+                 needed_at: np.ndarray, duration: np.ndarray, masks: np.ndarray, *, forward: bool):
         self.starts = starts
+        self.forward = forward  # the items' starts never decrease (no item takes negative time)
         self.ready_array, self.consumer_array, self.duration_array, self.mask_array = ready, consumer, duration, masks
         self.needed_array, self.made_array = needed_at, made_at
-        self.fields = np.stack((ready, duration.view(np.int64), masks), axis=1)
         self.delay = 0.0
         self.comm_free = 0.0
         self.heap: list[tuple[int, float, int]] = []
         self.bulk = (np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0, dtype=np.int64))
+        self.bulk_lists: tuple[list[int], list[float], list[int]] = ([], [], [])
+        self.bulk_at = 0
         self.bulk_first = _NEVER
-        self.added = [0.0] * len(duration)
-        self.credited = np.zeros(len(duration))  # delays credited by numpy (pops in bulk, jumps)
+        # Delays credited in Python (rows and seconds, in order) and by numpy (pops in bulk, jumps).
+        self.credit_rows: list[int] = []
+        self.credit_seconds: list[float] = []
+        self.credited = np.zeros(len(duration))
         self.scale = float(starts[-1] + duration.sum())
         # The same-ready stretches long enough for numpy: where each starts and ends.
         bounds = np.concatenate(([0], np.flatnonzero(ready[1:] != ready[:-1]) + 1, [len(ready)]))
-        long = np.flatnonzero(np.diff(bounds) >= _VECTOR_ROWS)
+        long = np.flatnonzero(bounds[1:] - bounds[:-1] >= _VECTOR_ROWS)
         self.long_starts, self.long_ends = bounds[long].tolist(), bounds[long + 1].tolist()
 
     # Pending collectives.
 
-    def add_bulk(self, consumer: np.ndarray, late: np.ndarray, row: np.ndarray) -> None:
-        """Push late collectives given as arrays."""
-        if not len(consumer):
-            return
+    def add_bulk(self, consumer: np.ndarray, late: np.ndarray, row: np.ndarray, floor: float, *,
+                 ordered: bool = False) -> None:
+        """Push late collectives given as arrays, dropping those (and the pending ones) no later than ``floor``, a
+        delay the compute stream has reached: they can raise it no more (popped, they are credited nothing; the
+        jumps' checks and replays count those later than the delay only). ``ordered``: they come in pop order."""
         old_consumer, old_late, old_row = self.bulk
-        if len(old_consumer):
-            consumer, late, row = (np.concatenate((old_consumer, consumer)), np.concatenate((old_late, late)),
-                                   np.concatenate((old_row, row)))
-        order = np.lexsort((row, late, consumer))
+        at = self.bulk_at
+        merged = at < len(old_consumer)
+        if merged:
+            consumer, late, row = (np.concatenate((old_consumer[at:], consumer)),
+                                   np.concatenate((old_late[at:], late)), np.concatenate((old_row[at:], row)))
+        order = np.flatnonzero(late > floor)
+        if merged or not ordered:
+            order = order[np.lexsort((row[order], late[order], consumer[order]))]
         self.bulk = (consumer[order], late[order], row[order])
-        self.bulk_first = int(self.bulk[0][0])
+        self.bulk_lists = (self.bulk[0].tolist(), self.bulk[1].tolist(), self.bulk[2].tolist())
+        self.bulk_at = 0
+        self.bulk_first = self.bulk_lists[0][0] if len(order) else _NEVER
+
+    def drop_bulk(self, cut: int) -> None:
+        """Drop the bulk's pending collectives before index ``cut``."""
+        self.bulk_at = cut
+        consumers = self.bulk_lists[0]
+        self.bulk_first = consumers[cut] if cut < len(consumers) else _NEVER
+
+    def bulk_to_heap(self, ready: int) -> bool:
+        """Move the bulk's collectives due at or before item ``ready`` to the heap if they are few (popped there in
+        the same order); ``False`` (nothing moved) if they are many."""
+        at = self.bulk_at
+        consumers, lates, rows = self.bulk_lists
+        cut = bisect.bisect_right(consumers, ready, at)
+        if cut - at > _FEW_POPS:
+            return False
+        heap = self.heap
+        for entry in zip(consumers[at:cut], lates[at:cut], rows[at:cut], strict=True):
+            heapq.heappush(heap, entry)
+        self.drop_bulk(cut)
+        return True
 
     def pop(self, ready: int, log: list | None = None) -> None:
         """Pop the collectives due at or before item ``ready``: the delay grows to the largest lateness, each
@@ -289,14 +379,16 @@ class _Streams:
         while heap and heap[0][0] <= ready:
             popped.append(heapq.heappop(heap))
         if self.bulk_first <= ready:
-            bulk_consumer, bulk_late, bulk_row = self.bulk
-            cut = int(np.searchsorted(bulk_consumer, ready, side="right"))
-            consumer, late, row = bulk_consumer[:cut], bulk_late[:cut], bulk_row[:cut]
-            self.bulk = (bulk_consumer[cut:], bulk_late[cut:], bulk_row[cut:])
-            self.bulk_first = int(bulk_consumer[cut]) if cut < len(bulk_consumer) else _NEVER
-            if cut + len(popped) <= _FEW_POPS:  # merged in Python, in the heap's order
-                popped = sorted(popped + list(zip(consumer.tolist(), late.tolist(), row.tolist(), strict=True)))
+            at = self.bulk_at
+            consumers, lates, rows = self.bulk_lists
+            cut = bisect.bisect_right(consumers, ready, at)
+            self.bulk_at = cut
+            self.bulk_first = consumers[cut] if cut < len(consumers) else _NEVER
+            if cut - at + len(popped) <= _FEW_POPS:  # merged in Python, in the heap's order
+                popped = sorted(popped + list(zip(consumers[at:cut], lates[at:cut], rows[at:cut], strict=True)))
             else:
+                bulk_consumer, bulk_late, bulk_row = self.bulk
+                consumer, late, row = bulk_consumer[at:cut], bulk_late[at:cut], bulk_row[at:cut]
                 if popped:
                     consumer, late, row = (np.concatenate((consumer, [entry[0] for entry in popped])),
                                            np.concatenate((late, [entry[1] for entry in popped])),
@@ -307,11 +399,12 @@ class _Streams:
                 if log is not None:
                     log.extend(zip(consumer.tolist(), late.tolist(), row.tolist(), credits.tolist(), strict=True))
                 return
-        added, delay = self.added, self.delay
+        delay = self.delay
         for consumer_item, late_value, late_row in popped:
             credit = late_value - delay if late_value > delay else 0.0
             if credit:
-                added[late_row] += credit
+                self.credit_rows.append(late_row)
+                self.credit_seconds.append(credit)
                 delay = late_value
             if log is not None:
                 log.append((consumer_item, late_value, late_row, credit))
@@ -337,7 +430,7 @@ class _Streams:
         while row < end:
             long = min(self.long_starts[at], end) if at < len(self.long_starts) else end
             if long > row:
-                self.step(row, long)
+                self.step(row, long, drop_dead=True)
                 row = long
             else:
                 stop = min(self.long_ends[at], end)
@@ -356,43 +449,73 @@ class _Streams:
         self.comm_free = float(ends[-1])
         needed = self.needed_array[begin:end]
         late = np.flatnonzero(ends > needed)
-        self.add_bulk(self.consumer_array[begin:end][late], ends[late] - needed[late], late + begin)
+        if len(late):
+            # In pop order as they come: by consumer (the rows' order), then lateness (the ends grow, for
+            # durations of no less than zero), then row.
+            self.add_bulk(self.consumer_array[begin:end][late], ends[late] - needed[late], late + begin, self.delay,
+                          ordered=bool(self.duration_array[begin:end].min() >= 0.0))
 
-    def step(self, begin: int, end: int, log: list | None = None) -> None:
+    def step(self, begin: int, end: int, log: list | None = None, *, drop_dead: bool = False) -> None:
         """Rows ``begin .. end - 1`` one by one (``makespan``'s loop); ``log`` collects each pop ``(consumer,
-        lateness, row, credit)`` and the stream's free time after each row, ``("row", free)``."""
-        heap, added = self.heap, self.added
+        lateness, row, credit)`` and the stream's free time after each row, ``("row", free)``. ``drop_dead``: push
+        no collective late by no more than the delay (popped, it would be credited nothing; and no jump's check
+        counts it: rows outside runs only)."""
+        heap, heappop, heappush = self.heap, heapq.heappop, heapq.heappush
+        credit_row, credit_seconds = self.credit_rows.append, self.credit_seconds.append
         delay, comm_free = self.delay, self.comm_free
+        floor = delay if drop_dead else 0.0  # pushed when later than this
+        # The earliest consumer pending (heap or bulk): below it a row pops nothing.
+        due = heap[0][0] if heap and heap[0][0] < self.bulk_first else self.bulk_first
         rows = slice(begin, end)
         consumer, ready, made = (self.consumer_array[rows].tolist(), self.ready_array[rows].tolist(),
                                  self.made_array[rows].tolist())
         needed, duration = self.needed_array[rows].tolist(), self.duration_array[rows].tolist()
         for index, row_ready, row_made, row_needed, seconds, row_consumer in zip(
                 range(begin, end), ready, made, needed, duration, consumer, strict=True):
-            if self.bulk_first <= row_ready or (log is not None and heap and heap[0][0] <= row_ready):
-                self.delay = delay
-                self.pop(row_ready, log)
-                delay = self.delay
-            else:
-                while heap and heap[0][0] <= row_ready:
-                    _, late, late_row = heapq.heappop(heap)
-                    if late > delay:
-                        added[late_row] += late - delay
+            if due <= row_ready:
+                if self.bulk_first <= row_ready and not self.bulk_to_heap(row_ready):
+                    self.delay = delay
+                    self.pop(row_ready, log)
+                    delay = self.delay
+                while heap and heap[0][0] <= row_ready:  # ``pop``'s loop, inline
+                    consumer_item, late, late_row = heappop(heap)
+                    credit = late - delay if late > delay else 0.0
+                    if credit:
+                        credit_row(late_row)
+                        credit_seconds(credit)
                         delay = late
+                    if log is not None:
+                        log.append((consumer_item, late, late_row, credit))
+                due = heap[0][0] if heap and heap[0][0] < self.bulk_first else self.bulk_first
+                if drop_dead:
+                    floor = delay
             ready_time = row_made + delay
             if ready_time > comm_free:
                 comm_free = ready_time
             comm_free += seconds
-            if comm_free > row_needed:
-                heapq.heappush(heap, (row_consumer, comm_free - row_needed, index))
+            late = comm_free - row_needed
+            if late > floor:
+                heappush(heap, (row_consumer, late, index))
+                if row_consumer < due:
+                    due = row_consumer
             if log is not None:
                 log.append(("row", comm_free))
         self.delay, self.comm_free = delay, comm_free
 
     def finish(self) -> tuple[np.ndarray, float, float]:
         """The waits of the collectives still pending at the end: ``(delay per row, delay, free)``."""
+        # Those no later than the delay are credited nothing, whatever their order: only the others are sorted.
+        delay = self.delay
+        self.heap = [entry for entry in self.heap if entry[1] > delay]
+        heapq.heapify(self.heap)
+        if self.bulk_first < _NEVER:
+            consumer, late, row = self.bulk
+            self.add_bulk(consumer[:0], late[:0], row[:0], delay)
         self.pop(_NEVER)
-        return np.asarray(self.added) + self.credited, self.delay, self.comm_free
+        # Each row's credits summed in order from zero, as ``makespan`` adds them.
+        added = (np.bincount(self.credit_rows, weights=self.credit_seconds, minlength=len(self.credited))
+                 if self.credit_rows else np.zeros(len(self.credited)))
+        return added + self.credited, self.delay, self.comm_free
 
     # The jump over a run's repeats.
 
@@ -400,13 +523,13 @@ class _Streams:
         """A run's rows (from row ``lo``): scanned repeat by repeat until the state at a repeat's start equals the
         one a repeat before (shifted by a period, the delay by what that repeat added), then jumped to the last
         clean repeat; the rest scanned."""
-        width, repeats = segment.width, segment.repeats
+        width, repeats, clean = segment.width, segment.repeats, segment.clean
         keys: dict[int, tuple] = {}
         logs: dict[int, list] = {}
-        tries = _tries(segment.clean)
+        tries = _tries(clean)
         repeat = 0
         while repeat < repeats:
-            if repeat in tries:
+            if repeat in tries and repeat < clean:  # from the last clean repeat on there is nothing to jump to
                 keys[repeat] = self._key(lo, segment, repeat)
                 target = self._jump(lo, segment, repeat, keys, logs) if repeat - 1 in logs else None
                 if target is not None:
@@ -414,38 +537,35 @@ class _Streams:
                     tries |= {target, target + 1}
                     repeat = target
                     continue
-            log: list | None = [] if repeat + 1 in tries else None
+            log: list | None = [] if repeat + 1 in tries and repeat + 1 < clean else None
             self.step(lo + repeat * width, lo + (repeat + 1) * width, log)
             if log is not None:
                 logs[repeat] = log
             repeat += 1
 
-    def _pending(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Every pending collective, ``(consumer, lateness, row)`` arrays in no order."""
-        heap, (consumer, late, row) = self.heap, self.bulk
-        if not heap:
-            return consumer, late, row
-        return (np.concatenate((consumer, [entry[0] for entry in heap])).astype(np.int64),
-                np.concatenate((late, [entry[1] for entry in heap])),
-                np.concatenate((row, [entry[2] for entry in heap])).astype(np.int64))
-
     def _key(self, lo: int, segment: _Segment, repeat: int) -> tuple:
         """The state at the start of ``repeat`` relative to it: ``(delay, free - start - delay, that at least the
         first row's ready time, entries)``; entries ``(consumer - the repeat's first item, lateness - delay, from the
         run, axes)`` of the pending collectives that can still delay the compute stream (lateness above the delay)
-        and are due inside the run, sorted (four arrays)."""
+        and are due inside the run, sorted (a few: found in the heap by Python, in the sorted bulk by numpy)."""
         item = segment.first + repeat * segment.period
         begins = float(self.starts[item - 1])
         delay = self.delay
         relative_free = self.comm_free - begins - delay
         floor = float(self.made_array[lo + repeat * segment.width]) - begins
-        consumer, late, row = self._pending()
-        live = (late > delay) & (consumer < segment.first + segment.repeats * segment.period)
-        consumer, late, row = consumer[live] - item, late[live] - delay, row[live]
-        origin, masks = row >= lo, self.mask_array[row]
-        order = np.lexsort((masks, origin, late, consumer))
-        return delay, relative_free, max(relative_free, floor), (consumer[order], late[order], origin[order],
-                                                                 masks[order])
+        run_end = segment.first + segment.repeats * segment.period
+        live = [entry for entry in self.heap if entry[1] > delay and entry[0] < run_end]
+        at = self.bulk_at
+        cut = bisect.bisect_left(self.bulk_lists[0], run_end, at)
+        if cut > at:
+            bulk_consumer, bulk_late, bulk_row = self.bulk
+            index = np.flatnonzero(bulk_late[at:cut] > delay) + at
+            if len(index):
+                live += zip(bulk_consumer[index].tolist(), bulk_late[index].tolist(), bulk_row[index].tolist(),
+                            strict=True)
+        masks = self.mask_array
+        entries = sorted((consumer - item, late - delay, row >= lo, int(masks[row])) for consumer, late, row in live)
+        return delay, relative_free, max(relative_free, floor), entries
 
     def _jump(self, lo: int, segment: _Segment, repeat: int, keys: dict[int, tuple], logs: dict[int, list]
               ) -> int | None:
@@ -460,13 +580,15 @@ class _Streams:
         previous, current = keys[repeat - 1], keys[repeat]
         tolerance = _ULPS * math.ulp(max(self.scale, 1e-300))
         limit = skipped * period
-        old = [column[previous[3][0] < limit] for column in previous[3]]
-        new = [column[current[3][0] < limit] for column in current[3]]
-        if (abs(current[2] - previous[2]) > tolerance or len(old[0]) != len(new[0])
-                or not (np.array_equal(old[0], new[0]) and np.array_equal(old[2], new[2])
-                        and np.array_equal(old[3], new[3]))
-                or (len(old[1]) and float(np.max(np.abs(old[1] - new[1]))) > tolerance)):
+        old = [entry for entry in previous[3] if entry[0] < limit]
+        new = [entry for entry in current[3] if entry[0] < limit]
+        if abs(current[2] - previous[2]) > tolerance or len(old) != len(new):
             return None
+        for (old_consumer, old_late, old_origin, old_mask), (consumer, late, origin, mask) in zip(old, new,
+                                                                                                  strict=True):
+            if (old_consumer != consumer or old_origin != origin or old_mask != mask
+                    or abs(old_late - late) > tolerance):
+                return None
         # Repeat 0's last row's item: repeat r pops the collectives due up to it + r periods.
         last_ready = int(self.ready_array[lo + width - 1])
         window_end = last_ready + (target - 1) * period  # the last item popped in the jumped repeats
@@ -474,59 +596,111 @@ class _Streams:
         step = delay - before  # the delay one repeat adds
         # The pending collectives: those pushed from the run (consumed within the jump, pushed again later), those
         # from before it due within the jump (replayed from the last repeat's pops, by rank), the rest (kept).
-        consumer, late, row = self._pending()
-        from_run = (row >= lo) & ~segment.far[np.maximum(row - lo, 0) % width]
-        before_run = (row < lo) & (consumer <= window_end)
-        kept = ~from_run & ~before_run
+        far = segment.far.tolist()
+        from_run: list[tuple[int, float, int]] = []
+        before_run: list[tuple[int, float, int]] = []
+        kept: list[tuple[int, float, int]] = []
+        for entry in self.heap:
+            if entry[2] >= lo:
+                (kept if far[(entry[2] - lo) % width] else from_run).append(entry)
+            else:
+                (before_run if entry[0] <= window_end else kept).append(entry)
+        # The bulk's: those due within the jump (``at .. cut - 1``) and after it (kept; none may be from the run).
+        at = self.bulk_at
+        cut = bisect.bisect_right(self.bulk_lists[0], window_end, at)
+        bulk_consumer, bulk_late, bulk_row = self.bulk
+        later = bulk_row[cut:]
+        later = later[later >= lo]
+        if len(later) and not segment.far[(later - lo) % width].all():
+            return None
+        # Those from before the run can delay a jumped repeat only if later than its delay, at least the delay
+        # ``repeat`` repeats back (a first cut, before ``_replay_before``'s exact one).
+        floor = delay - repeat * step
+        due_consumer, due_late, due_row = bulk_consumer[at:cut], bulk_late[at:cut], bulk_row[at:cut]
+        if len(due_row):
+            ours = due_row >= lo
+            if ours.any():
+                for entry in zip(due_consumer[ours].tolist(), due_late[ours].tolist(), due_row[ours].tolist(),
+                                 strict=True):
+                    (kept if far[(entry[2] - lo) % width] else from_run).append(entry)
+            maybe = np.flatnonzero(~ours & (due_late > floor))
+            due_consumer, due_late, due_row = due_consumer[maybe], due_late[maybe], due_row[maybe]
         # Each pending one from the run must be consumed within the jump, and come from a repeat that the jump's
         # repeats push again once moved on by it.
-        if from_run.any() and (consumer[from_run].max() > window_end
-                               or ((row[from_run] - lo) // width).min() + skipped < repeat):
+        if from_run and (max(entry[0] for entry in from_run) > window_end
+                         or min(entry[2] - lo for entry in from_run) // width + skipped < repeat):
             return None
         template = logs[repeat - 1]
         pops = [entry for entry in template if entry[0] != "row"]
         # The last repeat's pops of collectives from before the run that could delay (lateness above the delay
         # then), in pop order, and their credits.
         before_credits = np.asarray([entry[3] for entry in pops if entry[2] < lo and entry[1] > before])
-        replay = self._replay_before(consumer[before_run], late[before_run], row[before_run], lo, segment, repeat,
-                                     target, step, len(before_credits))
+        before_run = [entry for entry in before_run if entry[1] > floor]
+        if before_run:
+            due_consumer, due_late, due_row = (
+                np.concatenate((due_consumer, [entry[0] for entry in before_run])).astype(np.int64),
+                np.concatenate((due_late, [entry[1] for entry in before_run])),
+                np.concatenate((due_row, [entry[2] for entry in before_run])).astype(np.int64))
+        replay = self._replay_before(due_consumer, due_late, due_row, lo, segment, repeat, target, step,
+                                     len(before_credits))
         if replay is None:
             return None
         # Credits of the run's own pops, moved to each jumped repeat.
         run_pops = [entry for entry in pops if entry[2] >= lo and entry[3]]
-        if run_pops:
-            credit_rows = np.asarray([entry[2] for entry in run_pops], dtype=np.int64)
-            shifts = (np.arange(repeat, target, dtype=np.int64) - (repeat - 1)) * width
-            np.add.at(self.credited, (credit_rows[None, :] + shifts[:, None]).ravel(),
-                      np.tile([entry[3] for entry in run_pops], skipped))
+        if run_pops:  # repeat ``repeat - 1 + k`` credits the rows ``k`` repeats on, for ``k`` from 1
+            credit_rows = [entry[2] for entry in run_pops]
+            index = np.asarray(credit_rows)[None, :] + np.arange(width, (skipped + 1) * width, width)[:, None]
+            credits = np.asarray([entry[3] for entry in run_pops])
+            if len({(row - lo) % width for row in credit_rows}) == len(credit_rows):  # no row twice
+                self.credited[index] += credits
+            else:
+                np.add.at(self.credited, index.ravel(), np.tile(credits, skipped))
         replay_rows, replay_rank = replay
         if len(replay_rows):
             np.add.at(self.credited, replay_rows, before_credits[replay_rank])
-        # The rows consumed after the stretch: pushed when late, from the last repeat's stream times.
-        far = np.flatnonzero(segment.far)
-        far_consumer, far_late, far_row = (np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0, dtype=np.int64))
-        if len(far):
-            frees = np.asarray([entry[1] for entry in template if entry[0] == "row"])
-            base = float(self.starts[segment.first + (repeat - 1) * period - 1]) + before
-            jumped = np.arange(repeat, target, dtype=np.int64)
-            row_index = (lo + jumped[:, None] * width + far[None, :]).ravel()
-            begins = self.starts[segment.first - 1 + jumped * period] + (delay + (jumped - repeat) * step)
-            ends = (begins[:, None] + (frees[far] - base)[None, :]).ravel()
-            pushed = np.flatnonzero(ends > self.needed_array[row_index])
-            far_row = row_index[pushed]
-            far_consumer, far_late = self.consumer_array[far_row], ends[pushed] - self.needed_array[far_row]
-        # The state at the target repeat: the run's pending collectives moved on, the others kept.
+        # The state at the target repeat: the run's pending collectives moved on, the others kept, and the rows
+        # consumed after the stretch pushed when late, from the last repeat's stream times.
         moved = skipped * step
-        self.heap = list(zip((consumer[from_run] + skipped * period).tolist(), (late[from_run] + moved).tolist(),
-                             (row[from_run] + skipped * width).tolist(), strict=True))
-        heapq.heapify(self.heap)
-        self.bulk = (np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0, dtype=np.int64))
-        self.bulk_first = _NEVER
-        self.add_bulk(np.concatenate((consumer[kept], far_consumer)), np.concatenate((late[kept], far_late)),
-                      np.concatenate((row[kept], far_row)))
         self.delay = delay + moved
+        self.heap = kept + [(consumer + skipped * period, late + moved, row + skipped * width)
+                            for consumer, late, row in from_run]
+        heapq.heapify(self.heap)
+        self.drop_bulk(cut)
+        if segment.far_due:
+            self._push_far(lo, segment, repeat, target, template, before, delay, step)
         self.comm_free = float(self.starts[segment.first - 1 + target * period]) + self.delay + current[1]
         return target
+
+    def _push_far(self, lo: int, segment: _Segment, repeat: int, target: int, template: list, before: float,
+                  delay: float, step: float) -> None:
+        """Push the jumped repeats' rows consumed after the stretch that are late by more than the compute stream's
+        delay after the jump (``self.delay``; the others could raise it no more), their stream times the last
+        repeat's (``template``, that began with the delay ``before``) moved on by whole repeats (``delay`` at the
+        start of ``repeat``, ``step`` more per repeat)."""
+        width, period = segment.width, segment.period
+        frees = [entry[1] for entry in template if entry[0] == "row"]
+        base = float(self.starts[segment.first + (repeat - 1) * period - 1]) + before
+        last_begins = float(self.starts[segment.first - 1 + (target - 1) * period]) + (
+            delay + (target - 1 - repeat) * step)
+        columns, offsets = [], []
+        for column, due in zip(np.flatnonzero(segment.far).tolist(), segment.far_due, strict=True):
+            offset = frees[column] - base
+            # None of a column is late enough if its last jumped row, needed at its earliest consumer, is not: each
+            # jumped repeat begins no later (item times of no less than zero; rounding is monotone, so the bound
+            # holds for the sums below as well).
+            earliest = float(self.starts[min(due - 1, len(self.starts) - 1)])
+            if not self.forward or last_begins + offset - earliest > self.delay:
+                columns.append(column)
+                offsets.append(offset)
+        if not columns:
+            return
+        jumped = np.arange(repeat, target, dtype=np.int64)
+        row_index = (lo + jumped[:, None] * width + np.asarray(columns)[None, :]).ravel()
+        begins = self.starts[segment.first - 1 + jumped * period] + (delay + (jumped - repeat) * step)
+        late = (begins[:, None] + np.asarray(offsets)[None, :]).ravel() - self.needed_array[row_index]
+        pushed = np.flatnonzero(late > self.delay)
+        if len(pushed):
+            self.add_bulk(self.consumer_array[row_index[pushed]], late[pushed], row_index[pushed], self.delay)
 
     def _replay_before(self, consumer: np.ndarray, late: np.ndarray, row: np.ndarray, lo: int, segment: _Segment,
                        repeat: int, target: int, step: float, count: int) -> tuple[np.ndarray, np.ndarray] | None:
@@ -534,6 +708,8 @@ class _Streams:
         (lateness above its delay then), ranked in pop order: ``(rows, rank)``, each to take the credit of the last
         repeat's pop of that rank; ``None`` unless every jumped repeat has ``count`` of them."""
         skipped = target - repeat
+        if not len(consumer):
+            return None if count else (row, row)
         last_ready = int(self.ready_array[lo + segment.width - 1])
         which = np.maximum(-((last_ready - consumer) // segment.period), 0) - repeat  # the jumped repeat popping it
         live = late > self.delay + which * step
@@ -566,11 +742,28 @@ def merged_rows(consumer: np.ndarray, ready: np.ndarray, duration: np.ndarray, a
 
     Returns ``(rows, consumer, ready, duration, axes_mask)`` per merged row, ``rows`` the collective each is
     reported as, ``duration`` the members' seconds summed."""
-    order = np.lexsort((axes_mask, consumer, ready))
-    consumer, ready, duration, masks = consumer[order], ready[order], duration[order], axes_mask[order]
-    first = np.flatnonzero(np.concatenate(([True], (consumer[1:] != consumer[:-1]) | (ready[1:] != ready[:-1])
-                                           | (masks[1:] != masks[:-1]))))
+    # One stable sort of the three packed into an int64 where each fits in ``_KEY_BITS`` bits (lexsort's three
+    # passes cost more); the same order.
+    shifted_ready, shifted_consumer = ready + 1, consumer + 1
+    if (ready.dtype == consumer.dtype == axes_mask.dtype == np.int64
+            and int(np.bitwise_or.reduce(shifted_ready | shifted_consumer | axes_mask)) >> _KEY_BITS == 0):
+        key = shifted_ready << 2 * _KEY_BITS
+        key |= shifted_consumer << _KEY_BITS
+        key |= axes_mask
+        order = np.argsort(key, kind="stable")
+        key = key[order]
+        opens = np.empty(len(key), dtype=bool)  # a row opening a group of equal keys
+        opens[:1] = True
+        np.not_equal(key[1:], key[:-1], out=opens[1:])
+        first = np.flatnonzero(opens)
+    else:
+        order = np.lexsort((axes_mask, consumer, ready))
+        sorted_consumer, sorted_ready, sorted_masks = consumer[order], ready[order], axes_mask[order]
+        first = np.flatnonzero(np.concatenate(([True], (sorted_consumer[1:] != sorted_consumer[:-1])
+                                               | (sorted_ready[1:] != sorted_ready[:-1])
+                                               | (sorted_masks[1:] != sorted_masks[:-1]))))
+    duration = duration[order]
     if len(first) < len(duration):
-        consumer, ready, duration, masks = (consumer[first], ready[first], np.add.reduceat(duration, first),
-                                            masks[first])
-    return order[first], consumer, ready, duration, masks
+        duration = np.add.reduceat(duration, first)
+        order = order[first]
+    return order, consumer[order], ready[order], duration, axes_mask[order]
