@@ -21,6 +21,8 @@ on fewer names), in time linear in the classes and the collectives found rather 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from toast.cost.collectives import (
@@ -54,6 +56,13 @@ class ClassTable:
         self.partition = partition
         self._init_partial()
         self._init_uses()
+        # The rows' members in one index space: the partial results (``CommunicationModel._entry_*``), then the use
+        # sites (``_site_*``), then none (op -1: a partial result's last op); a table is written with one take each.
+        entries, sites = len(communication._entry_values), len(communication._site_values)
+        self._member_value = np.concatenate((communication._entry_values, communication._site_values))
+        self._member_op = np.concatenate((communication._entry_ops, communication._site_ops, [-1])).astype(np.int64)
+        self._member_operand = np.concatenate((np.full(entries, -1, dtype=np.int64), communication._site_operands))
+        self._no_member = entries + sites
 
     # Partial results.
 
@@ -124,7 +133,7 @@ class ClassTable:
                                                          np.diff(self._entry_member_starts))
 
     def _partial(self, atom_masks: np.ndarray, class_bytes: np.ndarray
-                 ) -> tuple[CollectiveTable | None, np.ndarray, np.ndarray, np.ndarray]:
+                 ) -> tuple[_Rows | None, np.ndarray, np.ndarray, np.ndarray]:
         """The rows of partial results (as ``CommunicationModel._partial_table``), and per rep entry its reduce-
         scatter's dim (``-1``: none), axes and bytes out (a value it makes is split so from then on)."""
         cm = self.communication
@@ -132,58 +141,71 @@ class ClassTable:
         no_scatter = np.full(count, -1, dtype=np.int64)
         if not len(self._red_atoms):
             return None, no_scatter, np.zeros(count, dtype=np.int64), np.zeros(count, dtype=np.int64)
-        reducing = atom_masks[self._red_atoms]
+        reducing = atom_masks.take(self._red_atoms)
         class_masks = np.bitwise_or.reduceat(reducing, self._red_starts)
-        entry_masks = class_masks[self._rep_entry_class]
-        scan_masks = entry_masks[self._scan_entry]
-        wanted_at = np.flatnonzero((atom_masks[self._scan_atoms] & self._scan_keep & scan_masks) == scan_masks)
-        wanted = no_scatter.copy()
+        entry_masks = class_masks.take(self._rep_entry_class)
+        scan_masks = entry_masks.take(self._scan_entry)
+        wanted_at = ((atom_masks.take(self._scan_atoms) & self._scan_keep & scan_masks) == scan_masks).nonzero()[0]
+        wanted = no_scatter
         if len(wanted_at):
-            owners = self._scan_entry[wanted_at]
-            first = np.ones(len(owners), dtype=bool)
-            first[1:] = owners[1:] != owners[:-1]
-            wanted[owners[first]] = self._scan_dims[wanted_at[first]]
+            wanted = no_scatter.copy()
+            owners = self._scan_entry.take(wanted_at)
+            first = _starts(owners)
+            wanted[owners[first]] = self._scan_dims.take(wanted_at[first])
         axes = entry_masks.astype(np.int64)
-        sizes = class_bytes[self._rep_entry_bytes_class]
+        sizes = class_bytes.take(self._rep_entry_bytes_class)
         scattered = (wanted >= 0) & (axes != 0)
-        out = np.where(scattered, sizes // cm.model.devices_of_mask[axes], sizes)
+        out = np.where(scattered, sizes // cm.model.devices_of_mask.take(axes), sizes)
         dims = np.where(scattered, wanted, -1)
-        selected = np.flatnonzero(axes)
+        selected = axes.nonzero()[0]
         if not len(selected):
             return None, dims, axes, out
         # Rows per selected rep entry: a reduce-scatter, or one all-reduce per distinct reduced mask of its
         # class, the most minor axes first (as CommunicationModel._partial_table).
-        nonzero = np.flatnonzero(reducing)
-        class_dims = np.unique(self._red_class[nonzero] * 256 + (255 - reducing[nonzero].astype(np.int64)))
+        nonzero = reducing.nonzero()[0]
+        class_dims = _unique(self._red_class.take(nonzero) * 256 + (255 - reducing.take(nonzero).astype(np.int64)))
         classes, dim_masks = class_dims // 256, 255 - class_dims % 256
-        cls = self._rep_entry_class[selected]
-        first_of_class = np.searchsorted(classes, cls)
-        counts = np.where(scattered[selected], 1, np.searchsorted(classes, cls, side="right") - first_of_class)
-        position = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-        template = np.repeat(np.arange(len(selected)), counts)  # each template row's selected rep entry
-        row_scattered = scattered[selected][template]
-        row_axes = np.where(row_scattered, axes[selected][template],
-                            dim_masks[np.minimum(first_of_class[template] + position, len(dim_masks) - 1)])
-        # Written out per member result, in result order, each result's rows in template order.
-        rep_entry = selected[template]
-        starts, ends = self._entry_member_starts[rep_entry], self._entry_member_starts[rep_entry + 1]
-        row_template, _, entry = _expand(starts, ends, self._entry_members)
-        order = np.lexsort((row_template, entry))
-        row_template, entry = row_template[order], entry[order]
-        rep_of_row = rep_entry[row_template]
-        kind = np.where(row_scattered[row_template], REDUCE_SCATTER, ALL_REDUCE).astype(np.int64)
-        unused = np.full(len(entry), -1, dtype=np.int64)
-        table = CollectiveTable(kind=kind, axes_mask=row_axes[row_template].astype(np.int64),
-                                value=cm._entry_values[entry], op=cm._entry_ops[entry], operand=unused,
-                                bytes_in=sizes[rep_of_row], bytes_out=out[rep_of_row], last_op=unused)
-        return table, dims, axes, out
+        cls = self._rep_entry_class.take(selected)
+        first_of_class = classes.searchsorted(cls)
+        selected_scattered = scattered.take(selected)
+        counts = np.where(selected_scattered, 1, classes.searchsorted(cls, side="right") - first_of_class)
+        total = int(counts.sum())
+        if total == len(selected):  # one row each (the common case)
+            template = row_start = np.arange(total)
+            dim_of_row = dim_masks.take(first_of_class, mode="clip")
+        else:
+            row_start = counts.cumsum() - counts
+            template = np.arange(len(selected)).repeat(counts)  # each template row's selected rep entry
+            position = np.arange(total) - row_start.repeat(counts)
+            dim_of_row = dim_masks.take(first_of_class.take(template) + position, mode="clip")
+        row_scattered = selected_scattered.take(template)
+        rep_entry = selected.take(template)
+        row_axes = np.where(row_scattered, axes.take(rep_entry), dim_of_row)
+        # Written out per member result, in result order (every result's rep entry: ``_entry_rep``), each result's
+        # rows in template order.
+        rows_of_rep = np.zeros(count, dtype=np.int64)
+        rows_of_rep[selected] = counts
+        rows_of_entry = rows_of_rep.take(self._entry_rep)
+        template_of_rep = np.zeros(count, dtype=np.int64)  # each selected rep entry's first template row
+        template_of_rep[selected] = row_start
+        if total == len(selected):
+            entry = rows_of_entry.nonzero()[0]
+            row_template = template_of_rep.take(self._entry_rep.take(entry))
+        else:
+            entry = np.arange(len(rows_of_entry)).repeat(rows_of_entry)
+            offset = np.arange(len(entry)) - (rows_of_entry.cumsum() - rows_of_entry).repeat(rows_of_entry)
+            row_template = template_of_rep.take(self._entry_rep.take(entry)) + offset
+        kind = np.where(row_scattered, REDUCE_SCATTER, ALL_REDUCE).astype(np.int64)
+        return (_Rows(kind, row_axes.astype(np.int64), sizes.take(rep_entry), out.take(rep_entry), row_template, entry,
+                      None), dims, axes, out)
 
     # Uses.
 
     def _init_uses(self) -> None:
-        """The values' classes (over their use sites with dims): per class the representative's sites (padded
-        rows of use-name parts, keeps and definition-name parts), its byte class and partial source; per
-        representative site the members' sites (``_site_members``)."""
+        """The values' classes (over their use sites with dims): per class the representative's sites, of which the
+        live ones (``_live_sites``: those that may need a collective) with their padded rows of use-name parts, keeps
+        and definition-name parts, byte class and partial source; per representative site the members' sites
+        (``_site_members``)."""
         cm = self.communication
         atom = self.partition.part_of_name
         defs = cm._defs
@@ -229,91 +251,107 @@ class ClassTable:
         dim = np.arange(width)[None, :]
         inside = dim < ranks[:, None]
         use_names = np.where(inside, cm.use_site_starts[rep][:, None] + dim, 0)
-        self._use_atoms = np.where(inside, atom[defs + use_names], pad)
-        self._use_keep = np.where(inside, cm.keep_mask[use_names], 0).astype(np.uint8)
+        use_atoms = np.where(inside, atom[defs + use_names], pad)
+        use_keep = np.where(inside, cm.keep_mask[use_names], 0).astype(np.uint8)
         def_names = np.asarray([def_base[v] for v in values.tolist()], dtype=np.int64)[:, None] + dim
-        self._def_atoms = np.where(inside, atom[np.where(inside, def_names, 0)], pad)
-        self._site_class = np.asarray(site_class, dtype=np.int64)
-        self._site_bytes_class = value_class[values]
-        self._site_source = entry_rep[values]  # the rep entry whose reduce-scatter may split the value, or -1
+        def_atoms = np.where(inside, atom[np.where(inside, def_names, 0)], pad)
+        source = entry_rep[values]  # the rep entry whose reduce-scatter may split the value, or -1
+        # A rep site whose every dim is used in its definition's part and kept whole (or is padding), and whose value
+        # no reduce-scatter splits, never needs a collective: a state reads only the others ("live" sites).
+        quiet = (def_atoms == pad) | ((use_atoms == def_atoms) & (use_keep == 0xFF))
+        live = np.flatnonzero(~quiet.all(axis=1) | (source >= 0))
+        self._live_sites = live
+        self._use_atoms, self._use_keep, self._def_atoms = use_atoms[live], use_keep[live], def_atoms[live]
+        self._site_class = np.asarray(site_class, dtype=np.int64)[live]
+        self._site_bytes_class = value_class[values[live]]
+        source = source[live]
+        self._split_sites = np.flatnonzero(source >= 0)  # live sites a reduce-scatter may split
+        self._split_source = source[self._split_sites]
         self._width = width
         self._site_member_starts = np.cumsum([0] + [len(m) for m in site_members]).astype(np.int64)
         self._site_members = np.concatenate(site_members) if site_members else np.zeros(0, dtype=np.int64)
 
-    def _uses(self, atom_masks: np.ndarray, class_bytes: np.ndarray, dims: np.ndarray, axes: np.ndarray,
-              out: np.ndarray) -> CollectiveTable | None:
-        """The rows of use sites (as ``CommunicationModel._use_table``), given the partial results' reduce-
-        scatters per rep entry (``dims``, ``axes``, ``out``)."""
+    def _uses(self, masks: np.ndarray, class_bytes: np.ndarray, dims: np.ndarray, axes: np.ndarray,
+              out: np.ndarray) -> _Rows | None:
+        """The rows of use sites (as ``CommunicationModel._use_table``), given the parts' masks (``masks``, with a
+        padding part of mask 0 last) and the partial results' reduce-scatters per rep entry (``dims``, ``axes``,
+        ``out``)."""
         cm = self.communication
-        if not len(self._site_class):
+        if not len(self._live_sites):
             return None
-        masks = np.append(atom_masks, np.uint8(0))
-        use_masks = masks[self._use_atoms] & self._use_keep  # [rep sites, width]
-        def_masks = masks[self._def_atoms]
-        in_bytes = class_bytes[self._site_bytes_class]
-        source = self._site_source
-        split = np.flatnonzero(source >= 0)
-        if len(split):
-            split = split[dims[source[split]] >= 0]
-        if len(split):
-            def_masks[split, dims[source[split]]] |= axes[source[split]].astype(np.uint8)
-            in_bytes = in_bytes.copy()
-            in_bytes[split] = out[source[split]]
+        use_masks = masks.take(self._use_atoms) & self._use_keep  # [live sites, width]
+        def_masks = masks.take(self._def_atoms)
+        in_bytes = class_bytes.take(self._site_bytes_class)
+        # Values a reduce-scatter splits (on the dim it scatters).
+        split_dims = dims.take(self._split_source)
+        scattering = (split_dims >= 0).nonzero()[0]
+        if len(scattering):
+            split, source = self._split_sites.take(scattering), self._split_source.take(scattering)
+            def_masks[split, split_dims.take(scattering)] |= axes.take(source).astype(np.uint8)
+            in_bytes[split] = out.take(source)
         extra = def_masks & ~use_masks
         moved = np.bitwise_or.reduce(extra, axis=1).astype(np.int64)
-        hits = np.flatnonzero(moved)
+        hits = moved.nonzero()[0]  # among the live sites
         if not len(hits):
             return None
-        layouts = use_masks[hits]
-        use_or = np.bitwise_or.reduce(layouts, axis=1).astype(np.int64)
-        moved = moved[hits]
-        hit_class = self._site_class[hits]
+        layouts = use_masks.take(hits, axis=0)
         # XLA's CSE: a value's sites resharded alike share the collective (the first carries it, the last one's
         # op frees it), as CommunicationModel._use_table groups them.
-        kept, last_hit = cse_groups(hit_class, layouts)
-        sites = hits[kept]  # rep sites carrying collectives
-        last_sites = hits[last_hit[kept]]
-        moved, use_or = moved[kept], use_or[kept]
-        to_all = moved & use_or
+        kept, last_hit = cse_groups(self._site_class.take(hits), layouts)
+        carrying = kept.nonzero()[0]
+        local = hits.take(carrying)  # the live sites carrying collectives
+        sites = self._live_sites.take(local)  # as rep sites
+        last_sites = self._live_sites.take(hits.take(last_hit.take(carrying)))
+        moved = moved.take(local)
+        to_all = moved & np.bitwise_or.reduce(layouts.take(carrying, axis=0), axis=1).astype(np.int64)
         gathered = moved & ~to_all
-        site_bytes = in_bytes[sites]
+        site_bytes = in_bytes.take(local)
         devices = cm.model.devices_of_mask
-        gathered_bytes = site_bytes * devices[gathered]
         # Gathers one dim at a time, the last dim first; then the all-to-all (as _use_table).
-        per_dim = extra[sites][:, ::-1] & gathered[:, None].astype(np.uint8)
-        gather_site, gather_step = np.nonzero(per_dim)
+        per_dim = extra.take(local, axis=0)[:, ::-1] & gathered[:, None].astype(np.uint8)
+        gather_site, gather_step = per_dim.nonzero()  # site by site (row-major), steps in order
         step_axes = per_dim[gather_site, gather_step].astype(np.int64)
-        step_devices = devices[step_axes]
-        later = np.flatnonzero(np.append(False, gather_site[1:] == gather_site[:-1]))
+        step_devices = devices.take(step_axes)
         grown = step_devices.copy()
+        later = (gather_site[1:] == gather_site[:-1]).nonzero()[0] + 1
         while len(later):
             grown[later] = grown[later - 1] * step_devices[later]
             later = later[np.isin(later - 1, later)]
-        step_out = site_bytes[gather_site] * grown
-        all_to_alls = np.flatnonzero(to_all)
-        template_site = np.concatenate((gather_site, all_to_alls))
-        step_order = np.argsort(template_site, kind="stable")
-        template_site = template_site[step_order]
-        kind = np.concatenate((np.full(len(gather_site), ALL_GATHER),
-                               np.full(len(all_to_alls), ALL_TO_ALL)))[step_order]
-        template_axes = np.concatenate((step_axes, to_all[all_to_alls]))[step_order]
-        bytes_in = np.concatenate((step_out // step_devices, gathered_bytes[all_to_alls]))[step_order]
-        bytes_out = np.concatenate((step_out, gathered_bytes[all_to_alls]))[step_order]
-        step_index = np.arange(len(template_site))
-        # Written out per member site, in site order, each site's rows in template order.
-        rep_site = sites[template_site]
-        row_template, rank, member = _expand(self._site_member_starts[rep_site],
-                                             self._site_member_starts[rep_site + 1], self._site_members)
-        # The last site of each member's group: the member's own site at the last hit's position (every rep site
-        # of a class lists the class's values in one order).
-        last_rep = last_sites[np.searchsorted(sites, rep_site)][row_template]
-        last_member = self._site_members[self._site_member_starts[last_rep] + rank]
-        order = np.lexsort((step_index[row_template], member))
-        row_template, member, last_member = row_template[order], member[order], last_member[order]
-        return CollectiveTable(kind=kind[row_template].astype(np.int64), axes_mask=template_axes[row_template],
-                               value=cm._site_values[member], op=cm._site_ops[member],
-                               operand=cm._site_operands[member], bytes_in=bytes_in[row_template],
-                               bytes_out=bytes_out[row_template], last_op=cm._site_ops[last_member])
+        step_out = site_bytes.take(gather_site) * grown
+        all_to_alls = to_all.nonzero()[0]
+        if len(all_to_alls):
+            gathered_bytes = site_bytes * devices.take(gathered)
+            template_site = np.concatenate((gather_site, all_to_alls))
+            step_order = template_site.argsort(kind="stable")
+            template_site = template_site.take(step_order)
+            kind = np.concatenate((np.full(len(gather_site), ALL_GATHER, dtype=np.int64),
+                                   np.full(len(all_to_alls), ALL_TO_ALL, dtype=np.int64))).take(step_order)
+            template_axes = np.concatenate((step_axes, to_all.take(all_to_alls))).take(step_order)
+            bytes_in = np.concatenate((step_out // step_devices, gathered_bytes.take(all_to_alls))).take(step_order)
+            bytes_out = np.concatenate((step_out, gathered_bytes.take(all_to_alls))).take(step_order)
+        else:  # gathers only: already site by site
+            template_site = gather_site
+            kind = np.full(len(gather_site), ALL_GATHER, dtype=np.int64)
+            template_axes, bytes_in, bytes_out = step_axes, step_out // step_devices, step_out
+        # Written out per member site, in site order (each site one member of one carrying rep site), each site's
+        # rows in template order; a member's last site: the member of the last hit's rep site at its rank (every rep
+        # site of a class lists the class's values in one order).
+        starts = self._site_member_starts.take(sites)
+        carrier, rank, member = _expand(starts, self._site_member_starts.take(sites + 1), self._site_members)
+        order = member.argsort()  # member sites are distinct
+        carrier, rank, member = carrier.take(order), rank.take(order), member.take(order)
+        last_member = self._site_members.take(self._site_member_starts.take(last_sites).take(carrier) + rank)
+        if len(template_site) == len(sites):  # a row per carrying site: its template row is its own
+            row_template = carrier
+        else:
+            steps = np.bincount(template_site, minlength=len(sites)).take(carrier)
+            row_of = np.arange(len(carrier)).repeat(steps)
+            first_step = template_site.searchsorted(carrier)  # each site's first template row
+            row_template = (first_step - (steps.cumsum() - steps)).repeat(steps) + np.arange(int(steps.sum()))
+            member, last_member = member.take(row_of), last_member.take(row_of)
+        site_base = len(cm._entry_values)
+        return _Rows(kind, template_axes, bytes_in, bytes_out, row_template, member + site_base,
+                     last_member + site_base)
 
     def table(self, state: ShardingState, *, class_bytes: np.ndarray | None = None) -> CollectiveTable:
         """``CommunicationModel.table(state)``, the same rows in the same order (``state`` built on the
@@ -323,10 +361,65 @@ class ClassTable:
             class_bytes = cm.class_bytes(state)
         atom_masks = state.masks[self.partition.first_name]
         partial, dims, axes, out = self._partial(atom_masks, class_bytes)
-        uses = self._uses(atom_masks, class_bytes, dims, axes, out)
-        halos = cm._halo_table(state.masks)
-        parts = [part for part in (partial, uses, halos) if part is not None]
+        uses = self._uses(np.concatenate((atom_masks, _NO_AXES)), class_bytes, dims, axes, out)
+        found = [rows for rows in (partial, uses) if rows is not None]
+        parts = [self._write(found)] if found else []
+        # Halo exchanges are rare: without any windowed dim, the names' masks are left unread.
+        halos = cm._halo_table(state.masks) if len(cm._halo_ops) else None
+        if halos is not None:
+            parts.append(halos)
         return CollectiveTable.concatenate(parts) if parts else CollectiveTable.empty()
+
+    def _write(self, parts: list[_Rows]) -> CollectiveTable:
+        """The table of rows (partial results', then uses'): a take per column."""
+        def last_of(rows: _Rows) -> np.ndarray:
+            return rows.last if rows.last is not None else np.full(len(rows.member), self._no_member, dtype=np.int64)
+
+        if len(parts) == 1:
+            kind, axes, bytes_in, bytes_out, template, member, _ = parts[0]
+            last = last_of(parts[0])
+        else:
+            first, second = parts
+            kind, axes, bytes_in, bytes_out = (np.concatenate((a, b)) for a, b in zip(first[:4], second[:4],
+                                                                                        strict=True))
+            template = np.concatenate((first.template, second.template + len(first.kind)))
+            member = np.concatenate((first.member, second.member))
+            last = np.concatenate((last_of(first), last_of(second)))
+        return CollectiveTable(kind=kind.take(template), axes_mask=axes.take(template),
+                               value=self._member_value.take(member), op=self._member_op.take(member),
+                               operand=self._member_operand.take(member), bytes_in=bytes_in.take(template),
+                               bytes_out=bytes_out.take(template), last_op=self._member_op.take(last))
+
+
+_NO_AXES = np.zeros(1, dtype=np.uint8)  # the padding part's mask
+
+
+class _Rows(NamedTuple):
+    """Rows of a table as ``ClassTable`` finds them: per template row its ``kind``, ``axes``, ``bytes_in`` and
+    ``bytes_out``; per row its template row and member (``ClassTable._member_*``), and the member whose op is its last
+    op (``None``: none, a partial result)."""
+
+    kind: np.ndarray
+    axes: np.ndarray
+    bytes_in: np.ndarray
+    bytes_out: np.ndarray
+    template: np.ndarray
+    member: np.ndarray
+    last: np.ndarray | None
+
+
+def _starts(keys: np.ndarray) -> np.ndarray:
+    """``bool[n]``: where each run of equal keys (``keys`` grouped) starts."""
+    starts = np.empty(len(keys), dtype=bool)
+    starts[:1] = True
+    np.not_equal(keys[1:], keys[:-1], out=starts[1:])
+    return starts
+
+
+def _unique(values: np.ndarray) -> np.ndarray:
+    """``np.unique(values)`` of a small ``int64`` array (sorted, distinct), with less of its overhead."""
+    values = np.sort(values)
+    return values[_starts(values)]
 
 
 def _expand(starts: np.ndarray, ends: np.ndarray, members: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -663,5 +663,8 @@ def cse_groups(keys: np.ndarray, layouts: np.ndarray) -> tuple[np.ndarray, np.nd
     kept = np.zeros(len(order), dtype=bool)
     kept[first_hits] = True
     last_hit = np.empty(len(order), dtype=np.int64)
-    last_hit[first_hits] = order[np.append(starts_group[1:], True)]
+    ends_group = np.empty(len(order), dtype=bool)
+    ends_group[:-1] = starts_group[1:]
+    ends_group[-1] = True
+    last_hit[first_hits] = order[ends_group]
     return kept, last_hit

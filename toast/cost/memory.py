@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from toast.cost.collectives import ALL_REDUCE, COLLECTIVE_PERMUTE, REDUCE_SCATTER, CollectiveTable
+from toast.cost.collectives import ALL_REDUCE, COLLECTIVE_PERMUTE, KINDS, REDUCE_SCATTER, CollectiveTable
 from toast.cost.plan import CostPlan
 from toast.cost.schedule import combine_groups
 from toast.sharding.state import ShardingState
@@ -56,23 +56,34 @@ def live_at_peak(plan: CostPlan, state: ShardingState, *, top: int = 5) -> list[
 
 
 def peak_memory(plan: CostPlan, collectives: CollectiveTable, value_bytes: np.ndarray,
-                group_of_row: np.ndarray | None = None) -> int:
-    """The peak of the memory timeline, bytes, with donated arguments' buffers reused by outputs."""
+                group_of_row: np.ndarray | None = None, *, buffers: Events | None = None) -> int:
+    """The peak of the memory timeline, bytes, with donated arguments' buffers reused by outputs. ``buffers``: the
+    buffers' allocations and frees as ``_delta`` takes them, where the caller has them (``toast.cost.pricing.
+    KernelMoves.buffer_cells``; else, and with donated arguments, found from ``value_bytes``)."""
     donated = donated_outputs(plan, value_bytes) if plan.donate else []
-    return int(timeline(plan, collectives, value_bytes, donated, group_of_row).max())
+    if donated:
+        buffers = None
+    return int(timeline(plan, collectives, value_bytes, donated, group_of_row, buffers=buffers).max())
 
 
 def timeline(plan: CostPlan, collectives: CollectiveTable, value_bytes: np.ndarray, donated: Sequence[int] = (),
-             group_of_row: np.ndarray | None = None) -> np.ndarray:
+             group_of_row: np.ndarray | None = None, *, buffers: Events | None = None) -> np.ndarray:
     """``int64[kernels + 3]``: bytes live on one device at each position, with the buffers of ``donated``
-    outputs (``donated_outputs``) taking none of their own."""
+    outputs (``donated_outputs``) taking none of their own (``buffers``: as ``peak_memory`` takes them)."""
+    if buffers is None:
+        buffers = _buffer_events(plan, _buffer_sizes(plan, value_bytes, donated))
+    positions, weights = _live_events(plan, collectives, group_of_row, value_bytes)
+    scratch_positions, scratch_weights = _scratch_events(plan, value_bytes)
+    return np.cumsum(_delta(plan, buffers[0] + positions + scratch_positions, buffers[1] + weights + scratch_weights))
+
+
+def _buffer_sizes(plan: CostPlan, value_bytes: np.ndarray, donated: Sequence[int] = ()) -> np.ndarray:
+    """``int64[buffers]``: each buffer's bytes on the device (``donated`` outputs': 0)."""
     # A buffer in host memory takes no device memory.
     sizes = value_bytes[plan.kernel_plan.buffers] * plan.memory.on_device
     if donated:
-        sizes = sizes.copy()
         sizes[[plan.memory.buffer_index[v] for v in donated]] = 0
-    return np.cumsum(live_delta(plan, sizes, collectives, group_of_row, value_bytes=value_bytes)
-                     + scratch_delta(plan, value_bytes))
+    return sizes
 
 
 def donated_outputs(plan: CostPlan, value_bytes: np.ndarray) -> list[int]:
@@ -100,10 +111,36 @@ def live_delta(plan: CostPlan, sizes: np.ndarray, collectives: CollectiveTable,
     """Bytes allocated (+) and freed (-) at each position (kernel index + 1; 0 before the first): every
     buffer over its live range, every value resharded for its uses (gathered parameters, Figure 5b's
     k) as a second copy from its first such use to its last, and the results of reductions while they run
-    (``reduction_delta``). A halo exchange's rows live while their op runs, and with them (given
+    (``reduction_events``). A halo exchange's rows live while their op runs, and with them (given
     ``value_bytes``) the operand's local shard once more: XLA concatenates the two into a buffer of its own."""
+    buffer_positions, buffer_weights = _buffer_events(plan, sizes)
+    positions, weights = _live_events(plan, collectives, group_of_row, value_bytes)
+    return _delta(plan, buffer_positions + positions, buffer_weights + weights)
+
+
+# Events: the positions bytes are allocated at (+) or freed at (-) and those bytes, as lists of arrays that
+# ``_delta`` adds up in one ``np.bincount`` (a state's memory takes a few numpy calls, not one per kind of buffer).
+Events = tuple[list[np.ndarray], list[np.ndarray]]
+
+
+def _delta(plan: CostPlan, positions: list[np.ndarray], weights: list[np.ndarray]) -> np.ndarray:
+    """``int64[kernels + 3]``: the bytes of the events at each position. Sums of whole bytes (below 2**53) in
+    float64: exact, in any order, as int64 sums would be."""
+    count = len(plan.kernel_plan.kernels) + 3
+    if not positions:
+        return np.zeros(count, dtype=np.int64)
+    return np.bincount(np.concatenate(positions), weights=np.concatenate(weights), minlength=count).astype(np.int64)
+
+
+def _buffer_events(plan: CostPlan, sizes: np.ndarray) -> Events:
+    """The buffers' events: each one's ``sizes`` bytes from its allocation to its free."""
+    return [plan.memory.buffer_born, plan.memory.buffer_dies], [sizes, -sizes]
+
+
+def _live_events(plan: CostPlan, collectives: CollectiveTable, group_of_row: np.ndarray | None,
+                 value_bytes: np.ndarray | None) -> Events:
+    """``live_delta``'s events but the buffers'."""
     memory = plan.memory
-    positions = len(plan.kernel_plan.kernels) + 3
     # A use's steps (an all-gather per dim, then an all-to-all) leave one copy: its last step's output (the
     # ones before are consumed by the next step at once). Each halo is a buffer of its own.
     op, operand, value = collectives.op, collectives.operand, collectives.value
@@ -111,8 +148,8 @@ def live_delta(plan: CostPlan, sizes: np.ndarray, collectives: CollectiveTable,
     last_step = halo.copy()
     last_step[-1:] = True
     last_step[:-1] |= (op[1:] != op[:-1]) | (operand[1:] != operand[:-1]) | (value[1:] != value[:-1]) | halo[1:]
-    uses = (collectives.operand >= 0) & last_step
-    used_by, copy_bytes = collectives.op[uses], collectives.bytes_out[uses]
+    uses = (operand >= 0) & last_step
+    used_by, copy_bytes = op[uses], collectives.bytes_out[uses]
     last_user = np.maximum(collectives.last_op[uses], used_by)
     if value_bytes is not None and halo.any():
         # The widened operand: once per op and operand exchanging halos (its low and high rows are adjacent).
@@ -121,51 +158,63 @@ def live_delta(plan: CostPlan, sizes: np.ndarray, collectives: CollectiveTable,
         used_by = np.concatenate((used_by, op[first_halo]))
         last_user = np.concatenate((last_user, op[first_halo]))
         copy_bytes = np.concatenate((copy_bytes, value_bytes[value[first_halo]]))
-    # Sums of whole bytes (below 2**53) in float64: exact, as int64 sums would be.
-    delta = (np.bincount(memory.buffer_born, weights=sizes, minlength=positions)
-             - np.bincount(memory.buffer_dies, weights=sizes, minlength=positions)
-             + np.bincount(memory.kernel_position_of_op[used_by] + 1, weights=copy_bytes, minlength=positions)
-             - np.bincount(memory.kernel_position_of_op[last_user] + 2, weights=copy_bytes, minlength=positions)
-             + reduction_delta(plan, collectives, positions, group_of_row))
-    return delta.astype(np.int64)
+    reduction_positions, reduction_weights = reduction_events(plan, collectives, group_of_row)
+    return ([memory.kernel_position_of_op.take(used_by) + 1, memory.kernel_position_of_op.take(last_user) + 2,
+             *reduction_positions], [copy_bytes, -copy_bytes, *reduction_weights])
 
 
-def reduction_delta(plan: CostPlan, collectives: CollectiveTable, positions: int,
-                    group_of_row: np.ndarray | None = None) -> np.ndarray:
-    """``float64[positions]``: bytes allocated (+) and freed (-) by the reductions of partial results
-    (all-reduce, reduce-scatter). XLA writes a reduction's result into a buffer of its own, so while it runs
+def reduction_events(plan: CostPlan, collectives: CollectiveTable, group_of_row: np.ndarray | None = None) -> Events:
+    """The bytes allocated (+) and freed (-) by the reductions of partial results (all-reduce, reduce-scatter), as
+    ``_delta`` takes them. XLA writes a reduction's result into a buffer of its own, so while it runs
     its input and its result are both live (a value keeps one buffer here, which the result then takes over);
     reductions a combiner joins (``combine_groups``) run as one, after their last member's producer, with
     all their results live at once. Each is counted during the kernel that makes its (last) input.
     ``group_of_row``: each streamed row's combining group, as the step time found them (else found here)."""
     schedule = plan.schedule
-    rows = plan.collectives.moves[collectives.axes_mask] & (collectives.operand < 0) & (
-        (collectives.kind == ALL_REDUCE) | (collectives.kind == REDUCE_SCATTER))
-    if not rows.any():
-        return np.zeros(positions)
-    op, result_bytes = collectives.op[rows], collectives.bytes_out[rows]
-    position = plan.memory.kernel_position_of_op[op] + 1
-    streamed = ~schedule.op_in_loop[op]  # a loop body's reductions run there, one at a time
+    kind = collectives.kind
+    rows = (plan.collectives.moves.take(collectives.axes_mask) & (collectives.operand < 0)
+            & _REDUCTION.take(kind)).nonzero()[0]
+    if not len(rows):
+        return [], []
+    op, result_bytes = collectives.op.take(rows), collectives.bytes_out.take(rows)
+    position = plan.memory.kernel_position_of_op.take(op) + 1
+    if group_of_row is not None:
+        # The groups the step time found: -1 (none) on a loop body's rows, which run there, one at a time.
+        group = group_of_row.take(rows)
+        grouped = (group >= 0).nonzero()[0]
+        if len(grouped) > 1:
+            group = group.take(grouped)
+            last = np.zeros(int(group.max()) + 1, dtype=np.int64)
+            np.maximum.at(last, group, position.take(grouped))
+            position[grouped] = last.take(group)
+        return [position, position + 1], [result_bytes, -result_bytes]
+    streamed = ~schedule.op_in_loop.take(op)  # a loop body's reductions run there, one at a time
     if streamed.sum() > 1:
-        group = group_of_row[np.flatnonzero(rows)[streamed]] if group_of_row is not None else combine_groups(
-            plan.hardware.combine_threshold, collectives.kind[rows][streamed], collectives.axes_mask[rows][streamed],
+        found = combine_groups(
+            plan.hardware.combine_threshold, kind[rows][streamed], collectives.axes_mask[rows][streamed],
             collectives.bytes_in[rows][streamed].astype(np.float64), schedule.item_of_op[op[streamed]],
             schedule.first_reader_of_value[collectives.value[rows][streamed]])
-        if group is not None:
-            last = np.zeros(int(group.max()) + 1, dtype=np.int64)
-            np.maximum.at(last, group, position[streamed])
-            position[streamed] = last[group]
-    return (np.bincount(position, weights=result_bytes, minlength=positions)
-            - np.bincount(position + 1, weights=result_bytes, minlength=positions))
+        if found is not None:
+            last = np.zeros(int(found.max()) + 1, dtype=np.int64)
+            np.maximum.at(last, found, position[streamed])
+            position[streamed] = last[found]
+    return [position, position + 1], [result_bytes, -result_bytes]
+
+
+# The kinds reducing partial results.
+_REDUCTION = np.isin(np.arange(len(KINDS)), (ALL_REDUCE, REDUCE_SCATTER))
 
 
 def scratch_delta(plan: CostPlan, value_bytes: np.ndarray) -> np.ndarray:
     """Bytes allocated (+) and freed (-) at each position, as ``live_delta``, by the kernels' scratch
     buffers (live during their kernel only)."""
-    positions = len(plan.kernel_plan.kernels) + 3
+    return _delta(plan, *_scratch_events(plan, value_bytes))
+
+
+def _scratch_events(plan: CostPlan, value_bytes: np.ndarray) -> Events:
+    """``scratch_delta``'s events."""
     kernel, value, scale = plan.kernel_plan.scratch
     if not len(kernel):
-        return np.zeros(positions, dtype=np.int64)
+        return [], []
     sizes = (value_bytes[value] * scale).astype(np.int64)
-    return (np.bincount(kernel + 1, weights=sizes, minlength=positions)
-            - np.bincount(kernel + 2, weights=sizes, minlength=positions)).astype(np.int64)
+    return [kernel + 1, kernel + 2], [sizes, -sizes]

@@ -41,13 +41,15 @@ The relative cost is ``C(s) = RT(s) + MP(s)`` with ``RT = step time / initial st
 
 **Repeated layers.** With ``CostPlan.reuse`` (the default), a state built on a partition (the search's, whose actions
 are mirrored across layers) has its collectives found once per class of alike ops and values
-(``toast.cost.class_table``) and its FLOPs once per class of alike matmuls (``toast.cost.pricing.FlopClasses``); the
-combiners' groups are found scanning only the collectives that may join one (``combine_groups_fast``), and the
-makespan jumps over a run of repeated layers once the streams' state repeats (``toast.cost.repeats``): the work per
-state follows the program's distinct layers and its collectives, not its depth. What ``reuse=False`` (every op priced,
-every collective scanned) gives is equal: the collectives row for row, the kernels' times, the groups, the peak and
-the counts exactly; the step and compute times, the breakdown and the per-label seconds to within 1e-12 relative (a
-jump adds a repeat's effect in closed form, the sums in another order).
+(``toast.cost.class_table``), its FLOPs once per class of alike matmuls (``toast.cost.pricing.FlopClasses``), its
+kernels' times once per class of alike kernels (``toast.cost.pricing.KernelClasses``) and its buffers' bytes per
+position and byte class (``KernelMoves.buffer_cells``); the combiners' groups are found scanning only the collectives
+that may join one (``combine_groups_fast``), and the makespan jumps over a run of repeated layers once the streams'
+state repeats (``toast.cost.repeats``): the work per state follows the program's distinct layers and its collectives,
+not its depth. What ``reuse=False`` (every op priced, every collective scanned) gives is equal: the collectives row for
+row, the kernels' times, the groups, the peak and the counts exactly; the step and compute times, the breakdown and
+the per-label seconds to within 1e-12 relative (a jump adds a repeat's effect in closed form, the sums in another
+order).
 
 Layout: ``toast.cost.plan.cost_plan`` builds what a program, mesh and hardware fix (a frozen ``CostPlan``, once);
 the pure functions of ``toast.cost.pricing`` (kernels, collectives), ``toast.cost.schedule`` (streams, combining,
@@ -77,12 +79,13 @@ from toast.cost.pricing import (
     collective_durations,
     collective_time,
     kernel_moves,
+    kernel_seconds,
     kernel_times,
     kernel_work,
     matmul_folds,
 )
 from toast.cost.schedule import (
-    by_label,
+    by_labels,
     combine_groups,
     combine_groups_fast,
     host_transfers,
@@ -161,80 +164,107 @@ def absolute_cost(plan: CostPlan, state: ShardingState, *, collectives: bool = T
     ``ClassTable`` of ``state.partition``, which finds the collectives with ``plan.reuse`` (else every name is
     read)."""
     pricing, schedule, hardware, microbatches = plan.pricing, plan.schedule, plan.hardware, plan.microbatches
-    value_bytes, class_bytes = plan.communication.value_and_class_bytes(state)
-    seconds, compute_time, memory_time = kernel_times(plan, state, value_bytes, class_bytes=class_bytes, moves=moves)
+    communication_model = plan.communication
+    # Collectives found per class of alike ops and values where the state is built on the classes' partition;
+    # kernels priced, and buffers sized, per class of alike ones where it is built on the moves' (``moves`` is made
+    # for the state's partition).
+    on_classes = plan.reuse and classes is not None and state.partition is classes.partition
+    per_class = plan.reuse and moves is not None and state.partition is not None
+    if state.partition is None:
+        value_bytes, class_bytes = communication_model.value_and_class_bytes(state)
+    else:
+        class_bytes = communication_model.class_bytes(state)
+        # Every value's bytes (a take per value of the program) only where something reads them beyond the classes'.
+        value_bytes = class_bytes.take(communication_model.byte_classes(state.partition).value_class) \
+            if not (on_classes and per_class) or _reads_value_bytes(plan) else _UNREAD
     # With micro-batches, every kernel but the optimizer's runs once per micro-batch.
     repeats = pricing.repeats if microbatches == 1 else pricing.repeats * schedule.kernel_runs
-    compute_bound = compute_time >= memory_time
-    busy_compute = float((np.where(compute_bound, compute_time, 0.0) * repeats).sum())
-    busy_memory = float((np.where(compute_bound, 0.0, memory_time) * repeats).sum())
+    if per_class and moves is not None and class_bytes is not None:
+        seconds, item_time, busy_compute, busy_memory = kernel_seconds(plan, state, class_bytes, moves)
+    else:
+        seconds, compute_time, memory_time = kernel_times(plan, state, value_bytes, class_bytes=class_bytes,
+                                                          moves=moves)
+        compute_bound = compute_time >= memory_time
+        busy_compute = float((np.where(compute_bound, compute_time, 0.0) * repeats).sum())
+        busy_memory = float((np.where(compute_bound, 0.0, memory_time) * repeats).sum())
+        item_time = np.bincount(schedule.top_of_kernel, weights=seconds * pricing.repeats,
+                                minlength=schedule.item_count)
     overheads = float((pricing.overhead * repeats).sum()) + hardware.step_overhead
-    item_time = np.bincount(schedule.top_of_kernel, weights=seconds * pricing.repeats, minlength=schedule.item_count)
-    # Found per class of alike ops and values where the state is built on the classes' partition.
-    table = classes.table(state, class_bytes=class_bytes) if plan.reuse and classes is not None \
-        and state.partition is classes.partition else plan.communication.table(state, value_bytes)
+    table = classes.table(state, class_bytes=class_bytes) if on_classes and classes is not None \
+        else communication_model.table(state, value_bytes)
     # Collectives over a single device move nothing (an axis of size 1): XLA emits none.
-    moving = plan.collectives.moves[table.axes_mask]
-    kind, axes_mask, value, op, operand = (table.kind[moving], table.axes_mask[moving], table.value[moving],
-                                           table.op[moving], table.operand[moving])
-    nbytes = np.where(kind == ALL_GATHER, table.bytes_out[moving], table.bytes_in[moving]).astype(np.float64)
+    moving = plan.collectives.moves.take(table.axes_mask)
+    kind, axes_mask, value, op, operand, bytes_in, bytes_out = _select(
+        moving, table.kind, table.axes_mask, table.value, table.op, table.operand, table.bytes_in, table.bytes_out)
+    nbytes = np.where(kind == ALL_GATHER, bytes_out, bytes_in).astype(np.float64)
     # Collectives inside a loop body run there (their exposed part on the loop's item); the others go on the
     # communication stream, combined as XLA's combiners combine them.
-    in_loop = schedule.op_in_loop[op]
-    loop_durations = collective_durations(plan.collectives, kind[in_loop], axes_mask[in_loop], nbytes[in_loop])
-    repeated = loop_durations * schedule.op_repeats[op[in_loop]]
-    # What the loop bodies' collectives leave exposed (toast.cost.loops: prefetched, deferred, overlapped in
-    # the iteration); without overlap, all of it.
-    loop_exposed = plan.loop_overlap.exposed(
-        seconds, op[in_loop], value[in_loop], operand[in_loop], loop_durations, makespan, axes_mask[in_loop],
-        folded=matmul_folds(plan, seconds, kind[in_loop], axes_mask[in_loop], op[in_loop], operand[in_loop],
-                            loop_durations)) if plan.overlap and in_loop.any() else repeated
-    np.add.at(item_time, schedule.item_of_op[op[in_loop]], loop_exposed)  # in order, as a loop adds
-    in_loops = sequential_sum(loop_exposed)
-    loop_hidden = max(0.0, sequential_sum(repeated) - in_loops) * microbatches
-    loop_masks = axes_mask[in_loop]
+    in_loop = schedule.op_in_loop.take(op)
+    loop_masks, repeated, loop_exposed = np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0)
+    in_loops = loop_hidden = 0.0
+    if np.count_nonzero(in_loop):
+        loop_masks = axes_mask[in_loop]
+        loop_durations = collective_durations(plan.collectives, kind[in_loop], loop_masks, nbytes[in_loop])
+        repeated = loop_durations * schedule.op_repeats[op[in_loop]]
+        # What the loop bodies' collectives leave exposed (toast.cost.loops: prefetched, deferred, overlapped in
+        # the iteration); without overlap, all of it.
+        loop_exposed = plan.loop_overlap.exposed(
+            seconds, op[in_loop], value[in_loop], operand[in_loop], loop_durations, makespan, loop_masks,
+            folded=matmul_folds(plan, seconds, kind[in_loop], loop_masks, op[in_loop], operand[in_loop],
+                                loop_durations)) if plan.overlap else repeated
+        np.add.at(item_time, schedule.item_of_op[op[in_loop]], loop_exposed)  # in order, as a loop adds
+        in_loops = sequential_sum(loop_exposed)
+        loop_hidden = max(0.0, sequential_sum(repeated) - in_loops) * microbatches
     streamed = ~in_loop
-    values, ops, is_use = value[streamed], op[streamed], operand[streamed] >= 0
+    values, ops, operands, streamed_kind, streamed_masks, streamed_bytes = _select(
+        streamed, value, op, operand, kind, axes_mask, nbytes)
+    is_use = operands >= 0
     # A use: ready when the value is, needed by the op using it. A partial result: ready after its producer,
     # needed by its first reader.
-    ready = np.where(is_use, schedule.ready_item[values], schedule.item_of_op[ops])
-    consumer = np.where(is_use, schedule.consumer_item_of_op[ops], schedule.first_reader_of_value[values])
+    ready = np.where(is_use, schedule.ready_item.take(values), schedule.item_of_op.take(ops))
+    consumer = np.where(is_use, schedule.consumer_item_of_op.take(ops), schedule.first_reader_of_value.take(values))
     # Collectives folded into the matmul they feed or follow (collective matmul, toast.cost.overlap): the
     # matmul's item takes their exposed part, and they leave the stream.
-    folded = np.zeros(len(kind), dtype=bool)
+    folded: np.ndarray | None = None
     folded_seconds = folded_exposed = np.zeros(0)
-    top_durations = collective_durations(plan.collectives, kind[streamed], axes_mask[streamed], nbytes[streamed]) \
-        if plan.collective_matmul is not None else np.zeros(0)
-    found = matmul_folds(plan, seconds, kind[streamed], axes_mask[streamed], ops, operand[streamed], top_durations)
-    if found is not None:
-        kernel, exposed_if = found
-        if microbatches > 1:  # a gradient's reduction runs in the last micro-batch only: on the stream
-            kernel = np.where(schedule.gradient_value[values] & ~is_use, -1, kernel)
-        chosen = folds(kernel, exposed_if, top_durations, slack(item_time, ready, consumer))
-        if chosen.any():
-            np.add.at(item_time, schedule.top_of_kernel[kernel[chosen]], exposed_if[chosen])
-            folded[np.flatnonzero(streamed)[chosen]] = True
-            folded_seconds, folded_exposed = top_durations[chosen], exposed_if[chosen]
-            streamed &= ~folded
-            values, ops, is_use, ready, consumer = (values[~chosen], ops[~chosen], is_use[~chosen],
-                                                    ready[~chosen], consumer[~chosen])
+    if plan.collective_matmul is not None and plan.overlap:  # else matmul_folds finds none
+        top_durations = collective_durations(plan.collectives, streamed_kind, streamed_masks, streamed_bytes)
+        found = matmul_folds(plan, seconds, streamed_kind, streamed_masks, ops, operands, top_durations)
+        if found is not None:
+            kernel, exposed_if = found
+            if microbatches > 1:  # a gradient's reduction runs in the last micro-batch only: on the stream
+                kernel = np.where(schedule.gradient_value[values] & ~is_use, -1, kernel)
+            chosen = folds(kernel, exposed_if, top_durations, slack(item_time, ready, consumer))
+            if chosen.any():
+                np.add.at(item_time, schedule.top_of_kernel[kernel[chosen]], exposed_if[chosen])
+                folded = np.zeros(len(kind), dtype=bool)
+                folded[np.flatnonzero(streamed)[chosen]] = True
+                folded_seconds, folded_exposed = top_durations[chosen], exposed_if[chosen]
+                streamed &= ~folded
+                values, ops, is_use, ready, consumer, streamed_kind, streamed_masks, streamed_bytes = (
+                    column[~chosen] for column in (values, ops, is_use, ready, consumer, streamed_kind,
+                                                   streamed_masks, streamed_bytes))
     threshold = hardware.combine_threshold
     groups = combine_groups_fast if plan.reuse else combine_groups  # the same groups
-    group = groups(threshold, kind[streamed], axes_mask[streamed], nbytes[streamed], ready, consumer)
-    streams = [stream(plan, item_time, kind[streamed], axes_mask[streamed], nbytes[streamed], ready, consumer,
-                      group)]
-    # The same groups for the memory of the reductions combined (each row its own group where none combine).
-    group_of_row = np.full(len(table), -1, dtype=np.int64)
-    group_of_row[np.flatnonzero(moving)[streamed]] = group if group is not None else np.arange(streamed.sum())
-    if folded.any():  # each its own group
-        group_of_row[np.flatnonzero(moving)[folded]] = np.arange(folded.sum()) + int(group_of_row.max()) + 1
+    group = groups(threshold, streamed_kind, streamed_masks, streamed_bytes, ready, consumer)
+    streams = [stream(plan, item_time, streamed_kind, streamed_masks, streamed_bytes, ready, consumer, group)]
+    # The same groups for the memory of the reductions combined (each row its own group where none combine; -1
+    # on the loop bodies' rows).
+    streamed_group = group if group is not None else np.arange(len(streamed_kind))
+    if len(streamed_kind) == len(table):  # every row moves, on the stream
+        group_of_row = streamed_group
+    else:
+        group_of_row = np.full(len(table), -1, dtype=np.int64)
+        group_of_row[np.flatnonzero(moving)[streamed]] = streamed_group
+        if folded is not None:  # each its own group
+            group_of_row[np.flatnonzero(moving)[folded]] = np.arange(folded.sum()) + int(group_of_row.max()) + 1
     runs = [1.0]
     if microbatches > 1:
         # The micro-batches before the last: no optimizer, no gradient reduction (gradients accumulate).
         accumulating = ~(schedule.gradient_value[values] & ~is_use)
         mb_time = np.where(schedule.update_items, 0.0, item_time)
-        mb_rows = (kind[streamed][accumulating], axes_mask[streamed][accumulating],
-                   nbytes[streamed][accumulating], ready[accumulating], consumer[accumulating])
+        mb_rows = (streamed_kind[accumulating], streamed_masks[accumulating], streamed_bytes[accumulating],
+                   ready[accumulating], consumer[accumulating])
         streams.append(stream(plan, mb_time, *mb_rows, groups(threshold, *mb_rows)))
         runs.append(float(microbatches - 1))
     step = compute_busy = hardware.step_overhead
@@ -244,7 +274,7 @@ def absolute_cost(plan: CostPlan, state: ShardingState, *, collectives: bool = T
     loop_hidden += max(0.0, sequential_sum(folded_seconds) - sequential_sum(folded_exposed)) * microbatches
     # Per label: the loop bodies' collectives and the folded ones (exposed, every micro-batch), then each
     # stream's.
-    label_masks = [loop_masks, axes_mask[folded]]
+    label_masks = [loop_masks, axes_mask[folded] if folded is not None else np.zeros(0, dtype=np.int64)]
     label_seconds = [repeated * microbatches, folded_seconds * microbatches]
     label_late = [loop_exposed * microbatches, folded_exposed * microbatches]
     on_compute = len(label_late)
@@ -259,11 +289,10 @@ def absolute_cost(plan: CostPlan, state: ShardingState, *, collectives: bool = T
     if exposed < 1e-12 * max(step, 1.0):  # rounding of the same sums taken in two orders
         exposed, step = 0.0, compute_busy
         label_late = label_late[:on_compute] + [late * 0.0 for late in label_late[on_compute:]]
-    all_masks = np.concatenate(label_masks)
-    labels = plan.collectives
-    communication = by_label(all_masks, np.concatenate(label_seconds), labels.axes_label)
-    by_level = by_label(all_masks, np.concatenate(label_seconds), labels.levels_label)
-    exposed_by_axes = by_label(all_masks, np.concatenate(label_late), labels.axes_label)
+    all_seconds, labels = np.concatenate(label_seconds), plan.collectives
+    communication, by_level, exposed_by_axes = by_labels(
+        np.concatenate(label_masks), [all_seconds, all_seconds, np.concatenate(label_late)],
+        [labels.axes_label, labels.levels_label, labels.axes_label])
     in_loops *= microbatches
     breakdown = {
         "compute_bound_s": busy_compute,
@@ -278,11 +307,37 @@ def absolute_cost(plan: CostPlan, state: ShardingState, *, collectives: bool = T
     breakdown["exposed_host_transfer_s"] = host_exposed
     breakdown["hidden_host_transfer_s"] = host_hidden
     step = step + host_exposed
-    peak = peak_memory(plan, table, value_bytes, group_of_row)
-    listed = plan.communication.to_list(table) if collectives else []
-    launched = len(streams[0][2]) + int(in_loop.sum()) + int(folded.sum())
+    buffers = None
+    if per_class and moves is not None and class_bytes is not None:  # the buffers' bytes per cell of alike ones
+        position, byte_class, count = moves.buffer_cells
+        buffers = ([position], [class_bytes.take(byte_class) * count])
+    peak = peak_memory(plan, table, value_bytes, group_of_row, buffers=buffers)
+    listed = communication_model.to_list(table) if collectives else []
+    folded_count = int(np.count_nonzero(folded)) if folded is not None else 0
+    launched = len(streams[0][2]) + int(np.count_nonzero(in_loop)) + folded_count
     return AbsoluteCost(step, compute_busy - in_loops, breakdown, communication, peak, listed, by_level,
                         exposed_by_axes, launched)
+
+
+# Values' bytes no part of the cost reads (``_reads_value_bytes``): empty, so that a read would fail, not mislead.
+_UNREAD = np.zeros(0, dtype=np.int64)
+
+
+def _reads_value_bytes(plan: CostPlan) -> bool:
+    """Whether a state's cost on ``plan`` reads values' bytes beyond what the byte classes give the class table, the
+    kernels' classes and the buffers' cells: the host copies', the donated arguments' and outputs', the halo exchanges'
+    operands' and the kernels' scratch (``toast.cost.schedule.host_transfers``, ``toast.cost.memory``)."""
+    kernel_plan = plan.kernel_plan
+    return bool(kernel_plan.transfers) or bool(plan.donate) or bool(len(plan.communication._halo_ops)) \
+        or bool(len(kernel_plan.scratch[0]))
+
+
+def _select(keep: np.ndarray, *columns: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The rows of ``columns`` where ``keep`` holds: the columns themselves (no copies) where it keeps all."""
+    if np.count_nonzero(keep) == len(keep):
+        return columns
+    rows = keep.nonzero()[0]
+    return tuple(column.take(rows) for column in columns)
 
 
 class CostModel:

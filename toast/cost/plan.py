@@ -48,6 +48,8 @@ class CollectivePricing:
       latency: ``float64[kinds, masks, candidates]``, per collective kind (codes of ``KINDS``) and mask, its
         algorithms' latency in seconds (padding: ``inf``; a mask of no span: one candidate of 0 s).
       per_byte: ``float64[kinds, masks, candidates]``, their seconds per byte (padding: 0).
+      latency_columns, per_byte_columns: ``float64[candidates, kinds * masks]``, the same, a candidate a row (index
+        ``kind * MASKS + mask``): a state's collectives are priced a candidate at a time, with 1-D takes.
       devices: ``int64[masks]``, the devices in each group (1 beyond the mesh).
       moves: ``bool[masks]``, whether a group spans more than one device (else XLA emits no collective).
       levels_label: per mask, the interconnect levels it crosses (``"nvlink+infiniband"``; ``""``: one device).
@@ -57,6 +59,8 @@ class CollectivePricing:
     spans: tuple[GroupSpan | None, ...]
     latency: np.ndarray
     per_byte: np.ndarray
+    latency_columns: np.ndarray
+    per_byte_columns: np.ndarray
     devices: np.ndarray
     moves: np.ndarray
     levels_label: tuple[str, ...]
@@ -266,7 +270,8 @@ def _collective_pricing(model: ShardingModel, hardware: Hardware) -> CollectiveP
     levels = tuple(span.levels(hardware) if span is not None and span.devices > 1 else "" for span in spans)
     axes = tuple("+".join(mesh.mask_axes(mask)) for mask in range(MASKS))
     moves = np.asarray([span is not None and span.devices > 1 for span in spans], dtype=bool)
-    return CollectivePricing(tuple(spans), latency, per_byte, devices, moves, levels, axes)
+    return CollectivePricing(tuple(spans), latency, per_byte, np.ascontiguousarray(latency.reshape(-1, width).T),
+                             np.ascontiguousarray(per_byte.reshape(-1, width).T), devices, moves, levels, axes)
 
 
 def _kernel_pricing(model: ShardingModel, hardware: Hardware, plan: KernelPlan) -> KernelPricing:

@@ -16,7 +16,7 @@ import numpy as np
 from toast.cost.collectives import Collective
 from toast.cost.network import collective_seconds, mesh_group_span
 from toast.cost.overlap import exposed_seconds
-from toast.cost.plan import CollectivePricing, CostPlan
+from toast.cost.plan import MASKS, CollectivePricing, CostPlan
 from toast.sharding.state import NamePartition, ShardingState
 
 
@@ -40,6 +40,41 @@ class FlopClasses(NamedTuple):
     peaks: np.ndarray
 
 
+class KernelClasses(NamedTuple):
+    """The kernels grouped by everything their seconds depend on in states built on one partition: their group of
+    kernels that move alike, their FLOP-counted ops' classes (in op order), their fixed FLOPs, their scatter updates'
+    byte classes, widths and rates (in order), their overhead and runs. A class's kernels take the same seconds in
+    every such state; ``kernel_seconds`` prices a representative per class (the same numbers, the same sums).
+
+    Attributes:
+      kernel_class: ``int64[kernels]``, each kernel's class.
+      group: ``int64[classes]``, each class's group of kernels that move alike (``KernelMoves.kernel_group``).
+      fixed_at_peak, overhead: ``float64[classes]``, as ``KernelPricing``'s (seconds).
+      repeats: ``float64[classes]``, runs per step (``KernelPricing.repeats``); ``step_repeats``: with micro-batches
+        (``Schedule.kernel_runs``), else the same.
+      flop_class, flop_op_class: ``int64[entries]``, the representatives' FLOP-counted ops in op order: each one's
+        kernel class and FLOP class (``FlopClasses.op_class``).
+      scatter_class, scatter_value_class: ``int64[updates]``, the representatives' scatter updates in order: each
+        one's kernel class and its value's byte class; ``scatter_bits``: ``int64[updates]``, element widths;
+        ``scatter_rates``: ``float64[updates]``, atomic updates per second.
+      own_items: every kernel is its own top-level item, in order (no loops): a kernel's item time is its own.
+    """
+
+    kernel_class: np.ndarray
+    group: np.ndarray
+    fixed_at_peak: np.ndarray
+    overhead: np.ndarray
+    repeats: np.ndarray
+    step_repeats: np.ndarray
+    flop_class: np.ndarray
+    flop_op_class: np.ndarray
+    scatter_class: np.ndarray
+    scatter_value_class: np.ndarray
+    scatter_bits: np.ndarray
+    scatter_rates: np.ndarray
+    own_items: bool
+
+
 class KernelMoves(NamedTuple):
     """What ``kernel_work`` prices per class in states built on one partition (``kernel_moves``).
 
@@ -49,11 +84,17 @@ class KernelMoves(NamedTuple):
         (``CommunicationModel.byte_classes``) a kernel of a group (row) moves, as ``int64[entries]``,
         ``int64[entries]``, ``float64[entries]`` and the number of groups.
       flops: the FLOP-counted ops' classes.
+      kernels: the kernels' classes (``kernel_seconds``).
+      buffer_cells: ``(position, byte class, count)``, ``int64[cells]`` each: how many buffers of a byte class on the
+        device are allocated (+) and freed (-) at a memory timeline position (``toast.cost.memory``; buffers alike
+        at one position are one cell), for a state's buffer bytes in fewer terms than buffers.
     """
 
     kernel_group: np.ndarray
     moves: tuple[np.ndarray, np.ndarray, np.ndarray, int]
     flops: FlopClasses
+    kernels: KernelClasses
+    buffer_cells: tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
 def kernel_moves(plan: CostPlan, partition: NamePartition) -> KernelMoves:
@@ -86,7 +127,67 @@ def kernel_moves(plan: CostPlan, partition: NamePartition) -> KernelMoves:
         move_count += row_sums
     moves = (np.asarray(move_row, dtype=np.int64), np.asarray(move_class, dtype=np.int64),
              np.asarray(move_count, dtype=np.float64), len(rows))
-    return KernelMoves(kernel_group, moves, _flop_classes(plan, partition))
+    flops = _flop_classes(plan, partition)
+    return KernelMoves(kernel_group, moves, flops, _kernel_classes(plan, kernel_group, flops, value_class),
+                       _buffer_cells(plan, value_class))
+
+
+def _buffer_cells(plan: CostPlan, value_class: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``KernelMoves.buffer_cells``: the device buffers' allocations and frees per position and byte class."""
+    memory = plan.memory
+    on_device = memory.on_device  # a buffer in host memory takes no device memory
+    buffer_class = value_class[plan.kernel_plan.buffers[on_device]]
+    width = int(value_class.max()) + 1 if len(value_class) else 1
+    keys = np.concatenate((memory.buffer_born[on_device] * width + buffer_class,
+                           memory.buffer_dies[on_device] * width + buffer_class))
+    cells, inverse = np.unique(keys, return_inverse=True)
+    counts = np.bincount(inverse.ravel(), weights=np.repeat([1.0, -1.0], len(buffer_class)), minlength=len(cells))
+    kept = counts != 0
+    cells = cells[kept]
+    return cells // width, cells % width, counts[kept].astype(np.int64)
+
+
+def _kernel_classes(plan: CostPlan, kernel_group: np.ndarray, flops: FlopClasses, value_class: np.ndarray
+                    ) -> KernelClasses:
+    """The kernels' classes (``KernelClasses``): kernels alike in all their seconds depend on."""
+    pricing, schedule = plan.pricing, plan.schedule
+    kernel_count = len(kernel_group)
+    step_repeats = pricing.repeats if plan.microbatches == 1 else pricing.repeats * schedule.kernel_runs
+    # Each kernel's FLOP-counted ops' classes and scatter updates, in order.
+    flop_ops: list[list[int]] = [[] for _ in range(kernel_count)]
+    for kernel, op_class in zip(pricing.matmul_kernels.tolist(), flops.op_class.tolist(), strict=True):
+        flop_ops[kernel].append(op_class)
+    scatter_bits = plan.communication.element_bits[pricing.scatter_values]
+    scatter_value_class = value_class[pricing.scatter_values]
+    updates: list[list[tuple[int, int, float]]] = [[] for _ in range(kernel_count)]
+    for kernel, byte_class, bits, rate in zip(pricing.scatter_kernels.tolist(), scatter_value_class.tolist(),
+                                              scatter_bits.tolist(), pricing.scatter_rates.tolist(), strict=True):
+        updates[kernel].append((byte_class, bits, rate))
+    classes: dict[tuple, int] = {}
+    kernel_class = np.empty(kernel_count, dtype=np.int64)
+    representatives: list[int] = []
+    for kernel, key in enumerate(zip(kernel_group.tolist(), pricing.fixed_at_peak.tolist(), pricing.overhead.tolist(),
+                                     pricing.repeats.tolist(), step_repeats.tolist(), map(tuple, flop_ops),
+                                     map(tuple, updates), strict=True)):
+        found = classes.setdefault(key, len(classes))
+        if found == len(representatives):
+            representatives.append(kernel)
+        kernel_class[kernel] = found
+    rep = np.asarray(representatives, dtype=np.int64)
+    is_rep = np.zeros(kernel_count, dtype=bool)
+    is_rep[rep] = True
+    # The representatives' entries, in the order kernel_work adds them.
+    flop_rows = np.flatnonzero(is_rep[pricing.matmul_kernels])
+    scatter_rows = np.flatnonzero(is_rep[pricing.scatter_kernels])
+    top_of_kernel = schedule.top_of_kernel
+    return KernelClasses(
+        kernel_class=kernel_class, group=kernel_group[rep], fixed_at_peak=pricing.fixed_at_peak[rep],
+        overhead=pricing.overhead[rep], repeats=pricing.repeats[rep], step_repeats=step_repeats[rep],
+        flop_class=kernel_class[pricing.matmul_kernels[flop_rows]], flop_op_class=flops.op_class[flop_rows],
+        scatter_class=kernel_class[pricing.scatter_kernels[scatter_rows]],
+        scatter_value_class=scatter_value_class[scatter_rows], scatter_bits=scatter_bits[scatter_rows],
+        scatter_rates=pricing.scatter_rates[scatter_rows],
+        own_items=schedule.item_count == kernel_count and bool((top_of_kernel == np.arange(kernel_count)).all()))
 
 
 def _flop_classes(plan: CostPlan, partition: NamePartition) -> FlopClasses:
@@ -181,13 +282,71 @@ def kernel_times(plan: CostPlan, state: ShardingState, value_bytes: np.ndarray |
     return np.maximum(compute_time, memory_time) + plan.pricing.overhead, compute_time, memory_time
 
 
+class KernelSeconds(NamedTuple):
+    """One state's kernel times (``kernel_seconds``).
+
+    Attributes:
+      seconds: ``float64[kernels]``, one launch of each kernel (``kernel_times``' first).
+      item_time: ``float64[items]``, each top-level item's seconds per step (its kernels' seconds x repeats).
+      busy_compute, busy_memory: seconds per step of the kernels bound by FLOPs or atomics, and by bytes (with
+        micro-batches, every run).
+    """
+
+    seconds: np.ndarray
+    item_time: np.ndarray
+    busy_compute: float
+    busy_memory: float
+
+
+def kernel_seconds(plan: CostPlan, state: ShardingState, class_bytes: np.ndarray, moves: KernelMoves) -> KernelSeconds:
+    """``kernel_times`` of a state built on ``moves``' partition, and the sums the step takes of them, priced once per
+    class of alike kernels (``KernelClasses``; ``class_bytes``: ``CommunicationModel.class_bytes(state)``): the same
+    numbers as per kernel, summed over the same arrays."""
+    assert state.partition is not None
+    classes, pricing, hardware = moves.kernels, plan.pricing, plan.hardware
+    count = len(classes.group)
+    move_row, move_class, move_count, rows = moves.moves
+    moved = np.bincount(move_row, weights=move_count * class_bytes[move_class], minlength=rows).take(classes.group)
+    at_peak = classes.fixed_at_peak
+    if len(classes.flop_class):
+        flop_classes = moves.flops
+        devices = plan.model.devices_of_mask[state.masks[state.partition.first_name][flop_classes.parts]]
+        local = (flop_classes.sizes // devices).astype(np.float64)
+        flops = flop_classes.scales * np.multiply.reduceat(local, flop_classes.starts)
+        # As kernel_work adds them: a kernel's fixed seconds plus its ops' (added in order from 0).
+        at_peak = at_peak + np.bincount(classes.flop_class, weights=(flops / flop_classes.peaks)[classes.flop_op_class],
+                                        minlength=count)
+    compute_time = at_peak / hardware.matmul_efficiency
+    if len(classes.scatter_class):
+        elements = class_bytes[classes.scatter_value_class] * 8 / np.maximum(classes.scatter_bits, 1)
+        compute_time = compute_time + np.bincount(classes.scatter_class, weights=elements / classes.scatter_rates,
+                                                  minlength=count)
+    else:
+        compute_time = compute_time + np.zeros(count)  # as kernel_times adds no atomics (-0.0 becomes 0.0)
+    memory_time = moved / pricing.bandwidth
+    seconds = np.maximum(compute_time, memory_time) + classes.overhead
+    compute_bound = compute_time >= memory_time
+    kernel_class = classes.kernel_class
+    busy_compute = float((np.where(compute_bound, compute_time, 0.0) * classes.step_repeats).take(kernel_class).sum())
+    busy_memory = float((np.where(compute_bound, 0.0, memory_time) * classes.step_repeats).take(kernel_class).sum())
+    per_step = (seconds * classes.repeats).take(kernel_class)
+    schedule = plan.schedule
+    item_time = per_step if classes.own_items else np.bincount(schedule.top_of_kernel, weights=per_step,
+                                                                minlength=schedule.item_count)
+    return KernelSeconds(seconds.take(kernel_class), item_time, busy_compute, busy_memory)
+
+
 def collective_durations(collectives: CollectivePricing, kind: np.ndarray, axes_mask: np.ndarray,
                          nbytes: np.ndarray) -> np.ndarray:
     """``float64[rows]``: seconds of collectives of kinds ``kind`` (codes of ``KINDS``) over ``axes_mask``
     moving ``nbytes`` (nccl-tests' size) each: the fastest algorithm of each."""
-    latency = collectives.latency[kind, axes_mask]  # [rows, candidates]
-    per_byte = collectives.per_byte[kind, axes_mask]
-    return (latency + per_byte * nbytes[:, None]).min(axis=1)
+    # A candidate at a time (1-D takes of a row of a few hundred entries cost less than a 2-D gather).
+    index = kind * MASKS + axes_mask
+    latency, per_byte = collectives.latency_columns, collectives.per_byte_columns
+    found = latency[0].take(index) + per_byte[0].take(index) * nbytes
+    for column in range(1, len(latency)):
+        np.minimum(found, latency[column].take(index) + per_byte[column].take(index) * nbytes, out=found)
+    return found
 
 
 def collective_time(plan: CostPlan, collective: Collective) -> float:

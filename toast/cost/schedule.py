@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from toast.cost.collectives import ALL_TO_ALL, COLLECTIVE_PERMUTE
-from toast.cost.plan import CostPlan
+from toast.cost.collectives import ALL_TO_ALL, COLLECTIVE_PERMUTE, KINDS
+from toast.cost.plan import MASKS, CostPlan
 from toast.cost.pricing import collective_durations
 from toast.cost.repeats import jumps_pay, merged_rows, periodic_makespan
 
@@ -165,28 +165,31 @@ def combine_groups_fast(threshold: float, kind: np.ndarray, axes_mask: np.ndarra
     (a different kind or axes, either not combinable, ready at or after the previous one's consumer, or the two
     together over ``threshold``), found with numpy; the others are scanned as ``combine_groups`` scans them. Most
     collectives of a layered program start a group of their own, so the scan is short."""
-    if len(kind) < _SCAN_ALL:  # numpy's calls cost more than the scan saves
+    if len(kind) < max(_SCAN_ALL, 2):  # numpy's calls cost more than the scan saves
         return combine_groups(threshold, kind, axes_mask, nbytes, ready, consumer)
     if threshold <= 0:
         return None
-    order = np.lexsort((consumer, ready, axes_mask, kind))
-    kind, axes_mask, nbytes = kind[order], axes_mask[order], nbytes[order]
-    ready, consumer = ready[order], consumer[order]
-    combinable = (kind != ALL_TO_ALL) & (kind != COLLECTIVE_PERMUTE)
-    starts = np.ones(len(kind), dtype=bool)
-    # The group before holds the previous collective: its consumer bounds the group's, its bytes the group's.
-    starts[1:] = (~combinable[1:] | ~combinable[:-1] | (kind[1:] != kind[:-1]) | (axes_mask[1:] != axes_mask[:-1])
+    order, kind_and_axes = _combine_order(kind, axes_mask, ready, consumer)
+    nbytes, ready, consumer = nbytes.take(order), ready.take(order), consumer.take(order)
+    # The group before holds the previous collective: its consumer bounds the group's, its bytes the group's. (Of
+    # one kind, both are combinable or neither.)
+    starts = np.empty(len(order), dtype=bool)
+    starts[:1] = True
+    starts[1:] = ((kind_and_axes[1:] != kind_and_axes[:-1]) | _ALONE.take(kind.take(order[1:]))
                   | (ready[1:] >= consumer[:-1]) | (nbytes[1:] + nbytes[:-1] > threshold))
-    # The others, in order: each joins the group the one before is in, or starts one (a group the one before
-    # starts for certain begins from that one's bytes and consumer).
-    maybe = np.flatnonzero(~starts)
-    fresh = starts[maybe - 1].tolist()
+    # The others, in order: each joins the group the one before is in, or starts one. One right after a collective
+    # that starts a group for certain joins it (the two fit, as found above); the ones after it are scanned (a group
+    # of that pair is the one they may join first).
+    maybe = (~starts).nonzero()[0]
+    deeper = maybe[~starts.take(maybe - 1)]
+    after_pair = starts.take(deeper - 2).tolist()
     group_bytes, group_due = 0.0, 0
-    for index, row_bytes, row_ready, row_due, restart, previous_bytes, previous_due in zip(
-            maybe.tolist(), nbytes[maybe].tolist(), ready[maybe].tolist(), consumer[maybe].tolist(), fresh,
-            nbytes[maybe - 1].tolist(), consumer[maybe - 1].tolist(), strict=True):
-        if restart:
-            group_bytes, group_due = previous_bytes, previous_due
+    for index, row_bytes, row_ready, row_due, pair, first_bytes, first_due, second_bytes, second_due in zip(
+            deeper.tolist(), nbytes[deeper].tolist(), ready[deeper].tolist(), consumer[deeper].tolist(), after_pair,
+            nbytes[deeper - 2].tolist(), consumer[deeper - 2].tolist(), nbytes[deeper - 1].tolist(),
+            consumer[deeper - 1].tolist(), strict=True):
+        if pair:
+            group_bytes, group_due = first_bytes + second_bytes, min(first_due, second_due)
         if row_ready < group_due and group_bytes + row_bytes <= threshold:
             group_bytes += row_bytes
             if row_due < group_due:
@@ -194,26 +197,62 @@ def combine_groups_fast(threshold: float, kind: np.ndarray, axes_mask: np.ndarra
         else:
             starts[index] = True
             group_bytes, group_due = row_bytes, row_due
-    if starts.all():
+    if np.count_nonzero(starts) == len(starts):
         return None
     group = np.empty(len(order), dtype=np.int64)
-    group[order] = np.cumsum(starts) - 1
+    group[order] = starts.cumsum() - 1
     return group
+
+
+# Kinds whose collectives stay alone (the combiners join all-reduces, all-gathers and reduce-scatters).
+_ALONE = np.isin(np.arange(len(KINDS)), (ALL_TO_ALL, COLLECTIVE_PERMUTE))
+
+
+def _combine_order(kind: np.ndarray, axes_mask: np.ndarray, ready: np.ndarray, consumer: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """``(np.lexsort((consumer, ready, axes_mask, kind)), kind * MASKS + axes_mask in that order)``: one sort of the
+    four packed with the row number into an ``int64`` (kinds are codes of ``KINDS``, masks below ``MASKS``) where the
+    items' range fits, else ``np.lexsort``."""
+    count = len(kind)
+    low = min(int(ready.min()), int(consumer.min()))
+    item_bits = (max(int(ready.max()), int(consumer.max())) - low).bit_length()
+    row_bits = max(count - 1, 0).bit_length()
+    kind_and_axes = kind * MASKS + axes_mask
+    if 11 + 2 * item_bits + row_bits > 62:
+        order = np.lexsort((consumer, ready, axes_mask, kind))
+        return order, kind_and_axes.take(order)
+    key = (((kind_and_axes << item_bits | (ready - low)) << item_bits | (consumer - low)) << row_bits
+           | np.arange(count))
+    key.sort()  # distinct keys: the order is the stable one
+    return key & ((1 << row_bits) - 1), key >> (2 * item_bits + row_bits)
 
 
 def by_label(axes_mask: np.ndarray, seconds: np.ndarray, labels: Sequence[str]) -> dict[str, float]:
     """Seconds per label of the axes masks (``labels[mask]``: an axis set ``"batch+model"`` or the levels
     ``"nvlink+infiniband"``), in order of first appearance, each sum taken in row order. ``axes_mask``:
     ``int64[collectives]``; ``seconds``: ``float64[collectives]``."""
+    return by_labels(axes_mask, [seconds], [labels])[0]
+
+
+def by_labels(axes_mask: np.ndarray, seconds: Sequence[np.ndarray], labels: Sequence[Sequence[str]]
+              ) -> list[dict[str, float]]:
+    """``by_label(axes_mask, seconds[i], labels[i])`` for each ``i``, the masks' order found once and an array of
+    seconds given twice (the same object) summed once."""
     if not len(axes_mask):
-        return {}
-    sums = np.bincount(axes_mask, weights=seconds, minlength=256).tolist()  # adds in row order
+        return [{} for _ in labels]
     present = np.flatnonzero(np.bincount(axes_mask, minlength=256)).tolist()  # a few axis sets
     if len(present) > 1:
         present.sort(key=lambda mask: int(np.argmax(axes_mask == mask)))  # by first row
-    found: dict[str, float] = {}
-    for mask in present:
-        found[labels[mask]] = found.get(labels[mask], 0.0) + sums[mask]
+    sums_of: dict[int, list[float]] = {}
+    found = []
+    for column, names in zip(seconds, labels, strict=True):
+        sums = sums_of.get(id(column))
+        if sums is None:
+            sums = sums_of[id(column)] = np.bincount(axes_mask, weights=column, minlength=256).tolist()  # row order
+        sums_by_label: dict[str, float] = {}
+        for mask in present:
+            sums_by_label[names[mask]] = sums_by_label.get(names[mask], 0.0) + sums[mask]
+        found.append(sums_by_label)
     return found
 
 
