@@ -146,6 +146,32 @@ def test_costing_by_atoms_equals_costing_every_name():
         assert sharded > 10
 
 
+def test_a_search_state_is_costed_without_expanding_it_to_every_name(monkeypatch):
+    """The search's states are built from their atoms' masks (``ShardingState.of_parts``): the cost model reads
+    them per atom where it finds collectives per class (on programs of ``MIN_SITES`` use sites and more; the GPT
+    step has fewer, so the bar is lowered), so costing one (without its collectives listed) leaves every name's
+    mask unbuilt; read, the masks are each name's atom's, and the cost is the one of the same masks given name
+    by name."""
+    from toast.cost import class_table
+    from toast.sharding.state import ShardingState
+
+    monkeypatch.setattr(class_table, "MIN_SITES", 0)
+    analysis = analysis_of(GPT)
+    model = ShardingModel(analysis, parse_mesh("batch=2,model=4"))
+    space = ActionSpace(model)
+    costs = toast.CostModel(model, A100)
+    costs.prepare(space.partition)
+    atoms = next(a for a in _random_states(space, np.random.default_rng(5)) if a.any())
+    state = space.state(atoms)
+    cost = costs.evaluate(state, collectives=False)
+    with pytest.raises(AttributeError):
+        ShardingState.masks.__get__(state)  # the slot is still unset: nothing read every name's mask
+    assert np.array_equal(state.masks, atoms[space.partition.part_of_name])
+    assert np.array_equal(state.part_masks(), atoms)
+    by_names = costs.evaluate(toast.ShardingState(model.mesh, state.masks.copy(), ()), collectives=False)
+    assert (cost.step_time_s, cost.peak_bytes) == (by_names.step_time_s, by_names.peak_bytes)
+
+
 def test_an_action_dropped_from_the_space_is_invalid_everywhere():
     """Actions that change a pinned argument whatever the state are left out of the space: pinned whole, the
     tokens' names keep mask 0, and every dropped action would set a bit on one of them."""

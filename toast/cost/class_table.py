@@ -359,7 +359,7 @@ class ClassTable:
         cm = self.communication
         if class_bytes is None:
             class_bytes = cm.class_bytes(state)
-        atom_masks = state.masks[self.partition.first_name]
+        atom_masks = state.part_masks()
         partial, dims, axes, out = self._partial(atom_masks, class_bytes)
         uses = self._uses(np.concatenate((atom_masks, _NO_AXES)), class_bytes, dims, axes, out)
         found = [rows for rows in (partial, uses) if rows is not None]

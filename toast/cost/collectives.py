@@ -384,7 +384,7 @@ class CommunicationModel:
         assert state.partition is not None
         classes = self.byte_classes(state.partition)
         # The parts' masks; index -1 (padding) holds 0: one device, a local size of 1.
-        part_masks = np.append(state.masks[state.partition.first_name], np.uint8(0))
+        part_masks = np.append(state.part_masks(), np.uint8(0))
         local = np.floor(classes.sizes / self._devices_float.take(part_masks.take(classes.parts))).astype(np.int64)
         if len(local):
             elements = local[0].copy()

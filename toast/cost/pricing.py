@@ -251,7 +251,7 @@ def kernel_work(plan: CostPlan, state: ShardingState, value_bytes: np.ndarray | 
     if len(pricing.flop_names) and plan.reuse and moves is not None and state.partition is not None:
         # One representative per class of alike ops (the same numbers, computed once per class).
         flop_classes = moves.flops
-        devices = plan.model.devices_of_mask[state.masks[state.partition.first_name][flop_classes.parts]]
+        devices = plan.model.devices_of_mask[state.part_masks()[flop_classes.parts]]
         local = (flop_classes.sizes // devices).astype(np.float64)
         flops = flop_classes.scales * np.multiply.reduceat(local, flop_classes.starts)
         at_peak += np.bincount(pricing.matmul_kernels, weights=(flops / flop_classes.peaks)[flop_classes.op_class],
@@ -310,7 +310,7 @@ def kernel_seconds(plan: CostPlan, state: ShardingState, class_bytes: np.ndarray
     at_peak = classes.fixed_at_peak
     if len(classes.flop_class):
         flop_classes = moves.flops
-        devices = plan.model.devices_of_mask[state.masks[state.partition.first_name][flop_classes.parts]]
+        devices = plan.model.devices_of_mask[state.part_masks()[flop_classes.parts]]
         local = (flop_classes.sizes // devices).astype(np.float64)
         flops = flop_classes.scales * np.multiply.reduceat(local, flop_classes.starts)
         # As kernel_work adds them: a kernel's fixed seconds plus its ops' (added in order from 0).

@@ -441,8 +441,9 @@ class ActionSpace:
         return following
 
     def state(self, atom_masks: np.ndarray, actions: tuple[Action | ShardNodes, ...] = ()) -> ShardingState:
-        """The sharding state of atom masks (every name takes its atom's mask)."""
-        return ShardingState(self.model.mesh, atom_masks[self.partition.part_of_name], actions, self.partition)
+        """The sharding state of atom masks (every name takes its atom's mask; ``atom_masks`` is kept, not
+        copied: it must not change)."""
+        return ShardingState.of_parts(self.model.mesh, atom_masks, actions, self.partition)
 
     def keeps_pins(self, state: ShardingState) -> bool:
         """Whether ``state`` shards every pinned dimension name as its pin says."""

@@ -15,7 +15,8 @@ devices it is split over.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -81,6 +82,34 @@ class ShardingState:
     masks: np.ndarray
     actions: tuple[Action | ShardNodes, ...]
     partition: NamePartition | None = None
+    # ``uint8[parts]``, each part's mask, where the state was built from them (``of_parts``).
+    parts: np.ndarray | None = field(default=None, repr=False)
+
+    @staticmethod
+    def of_parts(mesh: Mesh, parts: np.ndarray, actions: tuple[Action | ShardNodes, ...],
+                 partition: NamePartition) -> ShardingState:
+        """The state whose every name takes its part's mask (``parts``: ``uint8[parts]``); ``masks`` is made
+        from them when first read. A search costs thousands of states, and a cost model reads a state built on
+        its partition per part (``part_masks``): expanding every state to its names (330k on a 70B step) would
+        cost more than some of the pricing."""
+        state = object.__new__(ShardingState)
+        for name, value in (("mesh", mesh), ("actions", actions), ("partition", partition), ("parts", parts)):
+            object.__setattr__(state, name, value)
+        return state
+
+    if not TYPE_CHECKING:  # for the type checker ``masks`` is a plain field
+        def __getattr__(self, name: str):
+            # Called only where the attribute is unset: ``masks`` of a state built by ``of_parts``.
+            if name != "masks" or self.parts is None:
+                raise AttributeError(name)
+            masks = self.parts[self.partition.part_of_name]
+            object.__setattr__(self, "masks", masks)
+            return masks
+
+    def part_masks(self) -> np.ndarray:
+        """``uint8[parts]``: each part's mask (the state must have a partition)."""
+        assert self.partition is not None
+        return self.parts if self.parts is not None else self.masks[self.partition.first_name]
 
     def key(self) -> bytes:
         """A hashable key: equal for states that shard alike, whatever the action order."""
