@@ -362,6 +362,59 @@ def test_periodic_makespan_matches_the_scan_with_collectives_ready_together(monk
     assert any(jumps) and max(stretches) >= repeats._VECTOR_ROWS
 
 
+def test_periodic_makespan_jumps_where_rows_repeat_every_other_period(monkeypatch):
+    """Worked by hand: 41 items of 1 s; a run of 40 repeats of one item (items 0..39) whose collectives alternate
+    (as XLA's combiner leaves them when it groups across layers): after an even item one of 2 s, after an odd one
+    two of 0.25 s (axes apart, so not merged), each consumed by the next item, which waits for all of it. Every
+    two items take 2 s of compute, 2 s and 0.5 s of waits: makespan 41 + 20 * 2 + 20 * 0.5 = 91 s, each collective
+    exposed for its whole length. Repeats hold 1 and 2 rows in turn, so the rows repeat every 2 periods only: the
+    scan takes 2 repeats as one and jumps, scanning far fewer than the 60 rows row by row."""
+    ready, consumer, duration, axes = [], [], [], []
+    for item in range(40):
+        members = [(2.0, 1)] if item % 2 == 0 else [(0.25, 1), (0.25, 2)]
+        for seconds, mask in members:
+            ready.append(item)
+            consumer.append(item + 1)
+            duration.append(seconds)
+            axes.append(mask)
+    inputs = (np.ones(41), np.asarray(consumer), np.asarray(ready), np.asarray(duration), np.asarray(axes))
+    runs = repeats.ItemRuns(np.array([0]), np.array([1]), np.array([40]))
+    jumps = count_jumps(monkeypatch)
+    scanned = []
+    step = repeats._Streams.step
+    monkeypatch.setattr(repeats._Streams, "step", lambda self, begin, end, *args, **kwargs: (
+        scanned.append(end - begin), step(self, begin, end, *args, **kwargs)))
+    span, exposed = periodic_makespan(*inputs, runs)
+    assert math.isclose(span, 91.0, rel_tol=1e-12)
+    assert np.allclose(exposed, inputs[3], rtol=0, atol=1e-12 * 91.0)
+    expected_span, expected_exposed = makespan(*inputs)
+    assert math.isclose(span, expected_span, rel_tol=1e-12)
+    assert np.allclose(np.bincount(inputs[4], weights=exposed), np.bincount(inputs[4], weights=expected_exposed),
+                       rtol=0, atol=1e-12 * expected_span)
+    assert any(jumps)
+    assert sum(scanned) <= 30  # of 60: a jump over most of the run's 20 double repeats
+
+
+def test_periodic_makespan_matches_the_scan_where_rows_repeat_every_few_periods(monkeypatch):
+    """Runs declared with a period whose multiple (2 to 4 of them) is what repeats: the scan takes the multiple as
+    one repeat and jumps, and matches ``makespan``."""
+    jumps = count_jumps(monkeypatch)
+    rng = np.random.default_rng(17)
+    for case in range(40):
+        period, multiple = int(rng.integers(1, 4)), int(rng.integers(2, 5))
+        inputs, runs = periodic_inputs(rng, repeats_count=int(rng.integers(4, 20)), period=period * multiple,
+                                       width=int(rng.integers(1, 6)), before=int(rng.integers(0, 12)),
+                                       heavy=bool(case % 2))
+        runs = repeats.ItemRuns(runs.starts, runs.periods // multiple, runs.repeats * multiple)
+        expected_span, expected_exposed = makespan(*inputs)
+        span, exposed = periodic_makespan(*inputs, runs)
+        assert math.isclose(span, expected_span, rel_tol=1e-12), case
+        masks = inputs[4]
+        assert np.allclose(np.bincount(masks, weights=exposed), np.bincount(masks, weights=expected_exposed),
+                           rtol=0, atol=1e-12 * expected_span), case
+    assert any(jumps)
+
+
 def test_periodic_makespan_run_without_rows_in_its_middle():
     """Worked by hand: 20 items of 1 s; a run of 16 repeats of one item (items 2..17) whose collectives all lie in
     its first repeat: 60 of 0.1 s (axes apart, so not merged) ready after item 2, at 3 s, consumed by item 19 (at

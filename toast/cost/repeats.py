@@ -14,7 +14,9 @@ repeat jumped, in closed form.
 
 Nothing here is assumed of a state: per state the scan checks that a run's rows and item times repeat (exactly: same
 axes and durations, items shifted by whole periods; a run's first or last repeats may differ and are scanned) and
-that its own state does, and otherwise scans row by row, as ``toast.cost.schedule.makespan`` does. What is equal: the
+that its own state does, and otherwise scans row by row, as ``toast.cost.schedule.makespan`` does. Where the rows
+repeat only every few periods (XLA's combiner groups collectives across layer boundaries), a few repeats are taken
+as one. What is equal: the
 makespan and the per-axes sums of the exposed seconds, to within rounding. The states are compared to within
 ``_ULPS`` units in the last place of ``scale`` (the items' and collectives' seconds summed, at most twice the step
 time): in exact arithmetic they are equal, the tolerance only absorbs the rounding of sums taken at other times. A
@@ -150,6 +152,8 @@ _VECTOR_ROWS = 16
 # and then over every run of at least ``_MIN_SEGMENT_ROWS``.
 _MIN_RUN_ROWS = 400
 _MIN_SEGMENT_ROWS = 48
+# A run whose rows repeat only every few of its periods is tried as repeats of up to this many periods.
+_MAX_MULTIPLE = 8
 # Pops of at most this many collectives of the sorted arrays are done in Python (numpy's calls cost more).
 _FEW_POPS = 16
 # An item after every other (no collective pending).
@@ -221,10 +225,13 @@ def _segments(scan: _Streams, item_time: np.ndarray, runs: ItemRuns) -> list[tup
     """The stretches of runs whose rows and item times repeat in this state: ``(first row, end row, segment)``, in
     row order. A run's first or last repeats may differ (the first layer reads the embedding): the stretch is the
     longest one around the run's middle repeat where every repeat equals it (each repeat equal to the next: rows
-    shifted by one period, same durations and axes). Few numpy calls per run: each costs more than its work."""
+    shifted by one period, same durations and axes). Where the rows repeat only every few periods (XLA's combiner
+    groups collectives across layer boundaries: a layer's combined collectives equal those ``k`` layers on), ``k``
+    repeats are taken as one (``k`` up to ``_MAX_MULTIPLE``, while ``MIN_REPEATS`` such remain), the longest
+    stretch found kept. Few numpy calls per run: each costs more than its work."""
     found = []
     ready_array = scan.ready_array
-    fields: np.ndarray | None = None
+    fields: list[np.ndarray] = []  # ready item, duration's bits, axes: one row each (made once, when needed)
     located = np.searchsorted(ready_array, runs.boundaries)  # the first row ready at each boundary or later
     listed = located.tolist()
     offset = 0
@@ -234,59 +241,80 @@ def _segments(scan: _Streams, item_time: np.ndarray, runs: ItemRuns) -> list[tup
         if listed[offset - 1] - listed[offset - repeats - 1] < min(_MIN_SEGMENT_ROWS, _MIN_RUN_ROWS):
             continue
         bounds = located[offset - repeats - 1:offset]
-        counts = bounds[1:] - bounds[:-1]
-        middle = repeats // 2
-        width = int(counts[middle])
-        if not width:  # no rows to jump over
-            continue
-        # The repeats of ``width`` rows around the middle one (mostly all): their rows lie ``width`` apart.
-        uniform = counts == width
-        first, last = (0, repeats) if uniform.all() else _stretch_around(uniform, middle)
-        lo, hi = int(bounds[first]), int(bounds[last])
-        # Where neighbours (repeat ``first + k`` and the next: pair ``k``) differ, in item times or in rows (ready
-        # items one period on, the same durations' bits and axes; the differences wrap, so zero or not as the bits):
-        # element ``e`` of pair ``e // unit``.
-        times = item_time[start + first * period:start + last * period]
-        differ = [(np.flatnonzero(times[period:] != times[:-period]), period)]
-        if fields is None:  # ready item, duration's bits, axes: one row each
-            fields = np.empty((3, len(ready_array)), dtype=np.int64)
-            fields[0], fields[1], fields[2] = ready_array, scan.duration_array.view(np.int64), scan.mask_array
-        shifted = fields[:, lo + width:hi] - fields[:, lo:hi - width]
-        shifted[0] -= period
-        if shifted.any():
-            differ.append((np.flatnonzero(shifted.any(axis=0)), width))
-        # The repeats around the middle one linked to it by equal neighbours: up to the last pair before it that
-        # differs, from the first at or after it.
-        middle_pair, before, after = middle - first, 0, last - first
-        for elements, unit in differ:
-            cut = int(np.searchsorted(elements, middle_pair * unit))
-            if cut:
-                before = max(before, int(elements[cut - 1]) // unit + 1)
-            if cut < len(elements):
-                after = min(after, int(elements[cut]) // unit + 1)
-        first, last = first + before, first + after
-        if last - first < 3:  # a jump compares two repeats and skips at least one
-            continue
-        lo, hi = int(bounds[first]), int(bounds[last])
-        end = start + 1 + last * period  # items counted from 1, as the scan counts them
-        count = last - first
-        consumer = scan.consumer_array[lo:hi].reshape(count, width)
-        periodic = (consumer[1:] - consumer[:-1] == period).all(axis=0)
-        if periodic.all():
-            far, far_due = ~periodic, ()
-        else:
-            earliest = consumer.min(axis=0)
-            far = (earliest >= end) & ~periodic
-            if not (periodic | far).all():
-                continue
-            far_due = tuple(earliest[far].tolist())
-        # Repeats whose periodic consumers lie at most one item past the stretch (their due times repeat): repeat
-        # ``r``'s latest periodic consumer is repeat 0's plus ``r`` periods.
-        latest = max((item for item, alike in zip(consumer[0].tolist(), periodic.tolist(), strict=True) if alike),
-                     default=None)
-        clean = count if latest is None else min(count, max(0, (end - latest) // period + 1))
-        found.append((lo, hi, _Segment(start + 1 + first * period, period, count, width, far, clean, far_due)))
+        best, covered = None, 0  # the stretch and how many of the run's repeats it covers
+        multiple = 1
+        while multiple <= _MAX_MULTIPLE and repeats // multiple >= MIN_REPEATS and 2 * covered < repeats:
+            count = repeats // multiple
+            segment = _segment(scan, item_time, fields, start, period * multiple, count,
+                               bounds[:count * multiple + 1:multiple])
+            if segment is not None and segment[2].repeats * multiple > covered:
+                best, covered = segment, segment[2].repeats * multiple
+            multiple += 1
+        if best is not None:
+            found.append(best)
     return found
+
+
+def _segment(scan: _Streams, item_time: np.ndarray, fields: list[np.ndarray], start: int, period: int,
+             repeats: int, bounds: np.ndarray) -> tuple[int, int, _Segment] | None:
+    """``_segments``' stretch of one run taken as ``repeats`` repeats of ``period`` items from item ``start``
+    (``bounds``: the first row of each repeat and the end), or ``None`` where none repeats long enough to jump."""
+    ready_array = scan.ready_array
+    counts = bounds[1:] - bounds[:-1]
+    middle = repeats // 2
+    width = int(counts[middle])
+    if not width:  # no rows to jump over
+        return None
+    # The repeats of ``width`` rows around the middle one (mostly all): their rows lie ``width`` apart.
+    uniform = counts == width
+    first, last = (0, repeats) if uniform.all() else _stretch_around(uniform, middle)
+    if last - first < 3:  # a jump compares two repeats and skips at least one
+        return None
+    lo, hi = int(bounds[first]), int(bounds[last])
+    # Where neighbours (repeat ``first + k`` and the next: pair ``k``) differ, in item times or in rows (ready
+    # items one period on, the same durations' bits and axes; the differences wrap, so zero or not as the bits):
+    # element ``e`` of pair ``e // unit``.
+    times = item_time[start + first * period:start + last * period]
+    differ = [(np.flatnonzero(times[period:] != times[:-period]), period)]
+    if not fields:
+        rows = np.empty((3, len(ready_array)), dtype=np.int64)
+        rows[0], rows[1], rows[2] = ready_array, scan.duration_array.view(np.int64), scan.mask_array
+        fields.append(rows)
+    shifted = fields[0][:, lo + width:hi] - fields[0][:, lo:hi - width]
+    shifted[0] -= period
+    if shifted.any():
+        differ.append((np.flatnonzero(shifted.any(axis=0)), width))
+    # The repeats around the middle one linked to it by equal neighbours: up to the last pair before it that
+    # differs, from the first at or after it.
+    middle_pair, before, after = middle - first, 0, last - first
+    for elements, unit in differ:
+        cut = int(np.searchsorted(elements, middle_pair * unit))
+        if cut:
+            before = max(before, int(elements[cut - 1]) // unit + 1)
+        if cut < len(elements):
+            after = min(after, int(elements[cut]) // unit + 1)
+    first, last = first + before, first + after
+    if last - first < 3:  # a jump compares two repeats and skips at least one
+        return None
+    lo, hi = int(bounds[first]), int(bounds[last])
+    end = start + 1 + last * period  # items counted from 1, as the scan counts them
+    count = last - first
+    consumer = scan.consumer_array[lo:hi].reshape(count, width)
+    periodic = (consumer[1:] - consumer[:-1] == period).all(axis=0)
+    if periodic.all():
+        far, far_due = ~periodic, ()
+    else:
+        earliest = consumer.min(axis=0)
+        far = (earliest >= end) & ~periodic
+        if not (periodic | far).all():
+            return None
+        far_due = tuple(earliest[far].tolist())
+    # Repeats whose periodic consumers lie at most one item past the stretch (their due times repeat): repeat
+    # ``r``'s latest periodic consumer is repeat 0's plus ``r`` periods.
+    latest = max((item for item, alike in zip(consumer[0].tolist(), periodic.tolist(), strict=True) if alike),
+                 default=None)
+    clean = count if latest is None else min(count, max(0, (end - latest) // period + 1))
+    return lo, hi, _Segment(start + 1 + first * period, period, count, width, far, clean, far_due)
 
 
 def _stretch_around(alike: np.ndarray, middle: int) -> tuple[int, int]:
