@@ -255,8 +255,8 @@ def test_polish_undoes_an_action_that_holds_the_axis_the_batch_needs():
     start = _replay(space, [blocking])
     assert start is not None and space.step(start, batch_first) is None  # the batch is blocked
     score = memo.score(memo.key(start), "runtime")
-    actions, polished = _polish(space, memo, [blocking], keep=0, allowed=tuple(range(len(space))),
-                                goal="runtime", score=score, chunk=8, pool=None, deadline=None)
+    actions, polished, _ = _polish(space, memo, [blocking], keep=0, allowed=tuple(range(len(space))),
+                                   goal="runtime", score=score, chunk=8, pool=None, deadline=None)
     assert polished < score and blocking not in actions
     final = _replay(space, actions)
     assert final is not None and polished == costs.evaluate(space.state(final)).relative
@@ -335,6 +335,122 @@ def test_a_polish_descent_stops_at_its_limit():
     _, one_step, _, scored = _refill(space, memo, _RefillTask((), allowed, "runtime", None, limit=len(allowed) + 1))
     assert len(free_actions) >= 2 and free_scored > len(allowed) + 1
     assert one_step == free_actions[:1] and scored <= len(allowed) + 1
+
+
+def _action_on(space, analysis, argument, dim, axis):
+    """The index of the (not stored) action that splits ``argument``'s dim ``dim`` along ``axis``."""
+    program, names = analysis.program, analysis.names
+    value = next(v for v in program.arguments if program.values[v].name == argument)
+    color = int(analysis.color_of[names.def_base[value] + dim])
+    return next(i for i, a in enumerate(space.actions) if not a.stored and a.axis == axis and color in a.colors)
+
+
+def test_a_relaxed_descent_that_ends_over_the_limit_descends_again_under_it(big_mlp):
+    """With 300 MiB per device, 8-way data parallelism does not fit (``test_mlp_finds_batch_and_megatron``). A
+    descent that relaxes the limit first (a small penalty per byte over it) takes the batch on both axes, the
+    fastest steps, and ends there: no action is left (the hidden dim has no axis the batch does not hold), so no
+    penalty brings it under the limit. The descent is then made again under the limit itself, and ends where
+    the state fits, where the plain descent ends."""
+    from toast.search.mcts import LIMIT_PENALTIES, OVER_MEMORY, _Memo, _refill, _RefillTask, _stages
+
+    model = ShardingModel(big_mlp, parse_mesh("batch=4,model=2"))
+    space = ActionSpace(model)
+    memo = _Memo(toast.CostModel(model, A100, device_memory=300 * MiB), space)
+    allowed = tuple(range(len(space)))
+    task = _RefillTask((), allowed, "runtime", None, penalties=LIMIT_PENALTIES)
+    key, relaxed_only, _ = _stages(memo, task, memo.key(space.initial_atoms), LIMIT_PENALTIES, 1)
+    data_parallel = {_action_on(space, big_mlp, "x", 0, "batch"), _action_on(space, big_mlp, "x", 0, "model")}
+    assert set(relaxed_only) == data_parallel and memo.score(key, "runtime") >= OVER_MEMORY
+    relaxed = _refill(space, memo, task)
+    plain = _refill(space, memo, _RefillTask((), allowed, "runtime", None))
+    assert relaxed[0] < OVER_MEMORY and relaxed[:2] == plain[:2]
+
+
+def test_candidates_that_trim_to_one_state_are_polished_once(big_mlp, monkeypatch):
+    """Two lanes' best trajectories, batch then Megatron and Megatron then batch, are one state: the polish
+    (its budget shared by its candidates) works on it once, with the whole budget."""
+    from toast.search import mcts
+
+    model = ShardingModel(big_mlp, parse_mesh("batch=4,model=2"))
+    space = ActionSpace(model)
+    memo = mcts._Memo(toast.CostModel(model, A100, device_memory=300 * MiB), space)
+    batch, megatron = _action_on(space, big_mlp, "x", 0, "batch"), _action_on(space, big_mlp, "w1", 1, "model")
+    state = mcts._replay(space, [batch, megatron])
+    assert state is not None and mcts._replay(space, [megatron, batch]) is not None
+    score = memo.score(memo.key(state), "runtime")
+    found = [mcts._LaneResult(score, (batch, megatron), 10, frozenset(), False),
+             mcts._LaneResult(score, (megatron, batch), 10, frozenset(), False)]
+    budgets = []
+
+    def polish(*args, budget, **kwargs):
+        budgets.append(budget)
+        return list(args[2]), kwargs["score"], 0
+
+    monkeypatch.setattr(mcts, "_polish", polish)
+    settings = MctsSettings(kicks=0)
+    mcts._refine(space, memo, settings, found, [], 1.0, toast.Phase(), allowed=tuple(range(len(space))), keep=0,
+                 budget=10, deadline=None, pool=None)
+    assert budgets == [settings.polish_budget * 10]
+
+
+def test_a_polish_stops_where_an_earlier_one_went_on():
+    """Polished twice from one start, the second polish stops at the first state the first one moved to (the
+    rest of the way is the first one's), so it scores fewer states."""
+    from toast.cost.model import CostModel
+    from toast.search.mcts import _Memo, _polish, _replay
+
+    fn, args = gpt_train_step(layers=1, batch=8, seq=128, d_model=512, heads=8, vocab=1024, d_ff=2048)
+    analysis = toast.analyze("gpt", fn=fn, args=args, engine="embedded")
+    model = ShardingModel(analysis, parse_mesh("batch=2,model=4"))
+    space = ActionSpace(model)
+    memo = _Memo(CostModel(model, load_hardware("h200")), space)
+    start = [_action_on(space, analysis, "params['blocks'][0]['w_fc']", 1, "batch")]
+    atoms = _replay(space, start)
+    assert atoms is not None
+    score = memo.score(memo.key(atoms), "runtime")
+    reached: set[bytes] = set()
+    kwargs = dict(keep=0, allowed=tuple(range(len(space))), goal="runtime", score=score, chunk=8, pool=None,
+                  deadline=None, reached=reached)
+    first, first_score, first_scored = _polish(space, memo, list(start), **kwargs)
+    assert first_score < score and len(reached) >= 2  # it moved more than once
+    second, second_score, second_scored = _polish(space, memo, list(start), **kwargs)
+    assert first_score <= second_score < score and second_scored < first_scored
+    atoms = _replay(space, second)
+    assert atoms is not None and memo.key(atoms) in reached
+
+
+@pytest.mark.slow
+def test_a_kick_leaves_the_basin_where_the_edges_hold_the_model_axis():
+    """gns_small at batch=4,model=2, with two thirds of data parallelism's peak per device (the edges split
+    8 ways do not fit, so parameters must be stored split). Splitting the edges (the roles' batch: senders,
+    receivers, edge features) on ``model`` and descending leads the polish to a state it cannot leave: it keeps
+    the edges on ``model`` and stores the parameters that then do not fit (BENCHMARKS.md, issue 22's third
+    session: leaving it takes four coordinated changes). A kick, the ``model`` axis's actions removed and
+    rebuilt by a descent that relaxes the limit first, reaches a faster state, where the edges are not on
+    ``model``."""
+    from toast.examples import EXAMPLES
+    from toast.search.mcts import _kick, _Memo, _polish, _refill, _RefillTask
+    from toast.sharding import roles_for_input
+    from toast.sharding.strategies import manual_strategy
+
+    analysis = analysis_of("toast.examples.gns:gns_small")
+    model = ShardingModel(analysis, parse_mesh("batch=4,model=2"))
+    space = ActionSpace(model)
+    h100 = load_hardware("h100")
+    data_parallel, _ = manual_strategy(model, "data_parallel", roles_for_input(EXAMPLES["gns_small"]))
+    limit = 2 / 3 * toast.CostModel(model, h100).evaluate(data_parallel, collectives=False).peak_bytes
+    memo = _Memo(toast.CostModel(model, h100, device_memory=limit), space)
+    allowed = tuple(range(len(space)))
+    edges = _action_on(space, analysis, "senders", 0, "model")
+    score, descended, _, _ = _refill(space, memo, _RefillTask((edges,), allowed, "runtime", None))
+    stuck, stuck_score, _ = _polish(space, memo, list(descended), keep=0, allowed=allowed, goal="runtime",
+                                    score=score, chunk=8, pool=None, deadline=None, swaps=True)
+    assert edges in stuck and stuck_score < 2  # it fits
+    refined = [(stuck_score, len(stuck), stuck)]
+    _kick(space, memo, MctsSettings(), refined, toast.Phase(), allowed=allowed, keep=0, total=20_000, spent=0,
+          deadline=None, pool=None, reached=set())
+    kicked_score, _, kicked = min(refined)
+    assert kicked_score < stuck_score and edges not in kicked
 
 
 def test_pins_are_kept():
@@ -672,6 +788,8 @@ def test_find_strategy_runs_any_search_that_keeps_the_contract():
     (Budget, {"rollouts": None, "seconds": float("nan")}, "a time budget of nan s"),
     (Budget, {"rollouts": None}, "no budget: give a number of rollouts or seconds"),
     (MctsSettings, {"lanes": 0}, "lanes and patience must be at least 1"),
+    (MctsSettings, {"kicks": -1}, "kicks -1: give 0 or more"),
+    (MctsSettings, {"kick_share": 1.0}, "kick share 1: give at least 0 and less than 1"),
     (Budget, {"seed": -1}, "seed -1 and workers 0: give 0 or more"),
     (Budget, {"phases": ()}, "no phase"),
     (Budget, {"phases": (toast.Phase(goal="speed"),)}, "search phase goal 'speed': expected 'runtime' or 'memory'"),

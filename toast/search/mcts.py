@@ -29,7 +29,19 @@ other than the lane's best), ``polish_candidates`` of them, best first, are each
 the memory limit: after removing one stored action, the other classes' stored actions one at a time), or swap
 one action for another (moving an action to another mesh axis first) and descend; the first such move that
 lowers the score is taken, until none does or the polish has scored ``polish_budget`` states per rollout (each
-descent stops at its share, so a big action space cannot overrun it). The best of them is the phase's result.
+descent stops at its share, so a big action space cannot overrun it). Candidates that trim to one state are
+polished once, and a polish that reaches a state an earlier one went on from stops there. Under a binding
+memory limit each descent first relaxes the limit (a penalty per byte over it, rising, ``LIMIT_PENALTIES``):
+over the limit, the limit itself would make it take the step that frees the most memory (storing
+parameters), which keeps it beside the basin it started in.
+
+**Kicks.** The polish moves one or two actions at a time, and under a binding memory limit basins differ in
+several at once (`gns_small`: which axis splits the graph's edges, and so which parameters are stored
+split). So the best ``kicks`` polished states are each kicked: their actions on one mesh axis removed (each
+axis in turn), the rest rebuilt by a relaxed descent (once free to take the removed actions again, once not
+while relaxed; the better is kept), and polished; further rounds kick the best states not kicked yet. The kicks
+have ``kick_share`` of the polish's budget and what the candidates left. The best state of all is the phase's
+result.
 
 **Phases** (the composite strategies of PartIR): a search may run in phases, each restricted to some mesh
 axes and optimizing ``runtime`` or ``memory`` (peak bytes relative to the unsharded peak, runtime breaking
@@ -60,6 +72,12 @@ __all__ = ["MCTS", "MctsSettings", "search"]
 
 POLISH_CHUNK = 8  # polish moves tried at once (fixed: the result must not depend on the workers)
 POLISH_TIME_SHARE = 0.2  # of a phase's time budget, kept for the polish
+# Penalties per byte over the memory limit (relative to the unsharded peak), in relative step time, that a
+# relaxed descent rises through before the limit itself binds (``_descend``): from memory nearly free to far
+# dearer than any time saved (measured on gns_small and unet_small: starting lower, the first stage runs to
+# data parallelism's peak and never comes back; fewer stages end beside the basin they start in).
+LIMIT_PENALTIES = (0.25, 1.0, 4.0, 16.0, 64.0)
+KICK_ROUNDS = 3  # rounds of kicks at most (each from the best states not kicked yet)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -84,8 +102,15 @@ class MctsSettings:
       polish_candidates: how many of the lanes' best trajectories and their trees' best (best first,
         distinct) are polished.
       polish_swaps: the polish also tries swapping each action for each other one (then a descent).
-      polish_budget: states the polish may score per rollout of the phase's budget (shared by its candidates;
-        with a rollout budget: then the polish's work is bounded in the budget, whatever the program).
+      polish_budget: states the polish may score per rollout of the phase's budget (shared by its candidates
+        and kicks; with a rollout budget: then the polish's work is bounded in the budget, whatever the
+        program).
+      kicks: after the candidates' polish, the best this many polished states are each kicked: without their
+        actions on one mesh axis (each axis in turn), rebuilt by a relaxed descent and polished (``_kick``);
+        0: no kicks.
+      kick_share: the share of the polish's budget kept for the kicks (with what the candidates left).
+      relax_limit: the polish's descents relax a binding memory limit first (``LIMIT_PENALTIES``: a penalty
+        per byte over it, rising; ``_descend``); the kicks' descents always do.
     """
 
     lanes: int = 2
@@ -100,11 +125,19 @@ class MctsSettings:
     polish_candidates: int = 4
     polish_swaps: bool = True
     polish_budget: int = 10
+    kicks: int = 2
+    kick_share: float = 0.5
+    relax_limit: bool = True
 
     def __post_init__(self) -> None:
-        """Raises ``ToastError`` for fewer than one lane or a patience below 1."""
+        """Raises ``ToastError`` for fewer than one lane, a patience below 1, a negative number of kicks or a
+        kick share outside [0, 1)."""
         if self.lanes < 1 or self.patience < 1:
             raise ToastError("lanes and patience must be at least 1")
+        if self.kicks < 0:
+            raise ToastError(f"kicks {self.kicks}: give 0 or more")
+        if not 0 <= self.kick_share < 1:
+            raise ToastError(f"kick share {self.kick_share:g}: give at least 0 and less than 1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,16 +235,30 @@ class _Memo:
     def cost(self, atom_masks: np.ndarray) -> Cost:
         return self.cost_of(self.key(atom_masks))
 
-    def score(self, key: bytes, goal: str) -> float:
-        """The state's score (lower is better): ``search_score`` (relative step time, memory a constraint)
-        for ``runtime``; for ``memory``, the peak relative to the unsharded one, step time breaking ties."""
+    def time_and_peak(self, key: bytes) -> tuple[float, int]:
+        """The state's step time (seconds) and peak (bytes per device), scoring it."""
         learned = self.known.get(key)
         if learned is None:
             cost = self.cost_of(key)
-            step_time_s, peak_bytes = cost.step_time_s, cost.peak_bytes
-        else:
-            self.scored.add(hash(key))
-            step_time_s, peak_bytes = learned
+            return cost.step_time_s, cost.peak_bytes
+        self.scored.add(hash(key))
+        return learned
+
+    def penalized(self, key: bytes, goal: str, penalty: float | None) -> float:
+        """``score``; for ``runtime`` with a ``penalty``, the memory limit relaxed (a Lagrangian relaxation):
+        the step time relative to the unsharded program's plus ``penalty`` times the bytes over the limit
+        relative to the unsharded peak."""
+        if penalty is None or goal != "runtime":
+            return self.score(key, goal)
+        step_time_s, peak_bytes = self.time_and_peak(key)
+        initial_time = float(self.costs.initial.step_time_s)
+        relative = step_time_s / initial_time if initial_time > 0 else 1.0
+        return relative + penalty * max(0.0, peak_bytes - self.costs.device_memory) / self.initial_peak
+
+    def score(self, key: bytes, goal: str) -> float:
+        """The state's score (lower is better): ``search_score`` (relative step time, memory a constraint)
+        for ``runtime``; for ``memory``, the peak relative to the unsharded one, step time breaking ties."""
+        step_time_s, peak_bytes = self.time_and_peak(key)
         runtime = score_of(step_time_s, peak_bytes, self.costs)
         if goal == "memory":
             return peak_bytes / self.initial_peak + 1e-3 * min(runtime, OVER_MEMORY)
@@ -467,6 +514,10 @@ class _RefillTask:
     limit: int | None = None  # states it may score: a step that would pass it is not taken (the first always is)
     # States the other workers costed in the previous round of moves (``_Memo.learn``): only saves costing them.
     known: tuple[tuple[bytes, float, int], ...] = ()
+    # Descend first with the memory limit relaxed by these penalties, in order (``_Memo.penalized``), then with
+    # the limit itself.
+    penalties: tuple[float, ...] = ()
+    barred: tuple[int, ...] = ()  # actions the relaxed stages may not take (the limit's own stage may)
 
 
 _RefillResult = tuple[float, tuple[int, ...], frozenset[int], int]
@@ -474,10 +525,17 @@ _RefillResult = tuple[float, tuple[int, ...], frozenset[int], int]
 
 def _refill(space: ActionSpace, memo: _Memo, task: _RefillTask) -> _RefillResult:
     """Greedy descent from the end of ``task.actions``: add the allowed action that lowers the score most
-    (lowest index among equals) until none does; the score, the actions, the states it scored (hashes of
-    their keys, ``_Memo.recording``) and how many scorings it made (states scored again included: what the
-    polish's budget counts, the same on any number of workers). A pure function of its inputs (``memo``
-    only memoizes)."""
+    (lowest index among equals) until none does; with ``task.penalties``, first under the memory limit
+    relaxed by each penalty in turn (``_Memo.penalized``), until a stage ends where the state fits (where
+    the last ends over the limit, the descent is made again without them). The
+    score, the actions, the states it scored (hashes of their keys, ``_Memo.recording``) and how many
+    scorings it made (states scored again included: what the polish's budget counts, the same on any number
+    of workers). A pure function of its inputs (``memo`` only memoizes).
+
+    Why the relaxation: under a binding limit, a descent from a state over it takes the step that frees the
+    most memory (a stored action), so it ends beside the basin it started in. Relaxed, the first steps are
+    those that save time and memory together (a channel split where another axis held the edges), and the
+    rising penalty then adds the cheapest memory savings until the state fits."""
     with memo.recording() as recorded:
         score, actions, scored = _descend(space, memo, task)
     return score, actions, frozenset(recorded), scored
@@ -487,27 +545,49 @@ def _descend(space: ActionSpace, memo: _Memo, task: _RefillTask) -> tuple[float,
     atoms = _replay(space, list(task.actions))
     if atoms is None:
         return math.inf, task.actions, 0
-    key = memo.key(atoms)
-    score, actions = memo.score(key, task.goal), list(task.actions)
-    scored = 1
+    start = memo.key(atoms)
+    key, actions, scored = _stages(memo, task, start, task.penalties, 1)
+    if task.penalties and memo.score(key, task.goal) >= OVER_MEMORY:
+        # Relaxed, it ended over the limit where no step frees memory (8-way data parallelism of an MLP whose
+        # weights do not fit whole): descend again under the limit itself.
+        key, actions, scored = _stages(memo, task, start, (), scored)
+    return memo.score(key, task.goal), tuple(actions), scored
+
+
+def _stages(memo: _Memo, task: _RefillTask, key: bytes, penalties: tuple[float, ...], scored: int
+            ) -> tuple[bytes, list[int], int]:
+    """``_descend``'s descent from ``key`` (after ``task.actions``) under each of ``penalties`` in turn, then
+    under the limit itself, stopping at a stage that ends where the state fits; the state it ends at, the
+    actions, and the scorings made (``scored`` before it)."""
+    actions = list(task.actions)
+    barred = set(task.barred) if penalties else set()
+    unbarred = tuple(a for a in task.allowed if a not in barred)
     candidates = task.allowed if task.first is None else task.first
-    while True:
-        if task.limit is not None and scored > 1 and scored + len(candidates) > task.limit:
+    for stage, penalty in enumerate((*penalties, None)):
+        if stage and memo.score(key, task.goal) < OVER_MEMORY:
+            # It fits: no step lowers its score under this penalty (a larger one only adds to the others'
+            # scores), nor under the limit itself.
             break
-        options = [(memo.score(following, task.goal), action) for action in candidates
-                   if (following := memo.step(key, action)) is not None]
-        scored += len(options)
-        candidates = task.allowed
-        if not options:
-            break
-        best_score, best_action = min(options)
-        if best_score >= score:
-            break
-        following = memo.step(key, best_action)
-        assert following is not None
-        score, key = best_score, following
-        actions.append(best_action)
-    return score, tuple(actions), scored
+        score = memo.penalized(key, task.goal, penalty)
+        if penalty is not None and barred:
+            candidates = tuple(a for a in candidates if a not in barred)
+        while True:
+            if task.limit is not None and scored > 1 and scored + len(candidates) > task.limit:
+                break
+            options = [(memo.penalized(following, task.goal, penalty), action) for action in candidates
+                       if (following := memo.step(key, action)) is not None]
+            scored += len(options)
+            candidates = unbarred if penalty is not None else task.allowed
+            if not options:
+                break
+            best_score, best_action = min(options)
+            if best_score >= score:
+                break
+            following = memo.step(key, best_action)
+            assert following is not None
+            score, key = best_score, following
+            actions.append(best_action)
+    return key, actions, scored
 
 
 def _worker_refill(task: _RefillTask) -> tuple[_RefillResult, tuple[tuple[bytes, float, int], ...]]:
@@ -522,23 +602,27 @@ def _worker_refill(task: _RefillTask) -> tuple[_RefillResult, tuple[tuple[bytes,
 
 def _polish(space: ActionSpace, memo: _Memo, actions: list[int], *, keep: int, allowed: tuple[int, ...],
             goal: str, score: float, chunk: int, pool: Any, deadline: float | None, swaps: bool = False,
-            budget: int | None = None) -> tuple[list[int], float]:
+            budget: int | None = None, penalties: tuple[float, ...] = (),
+            reached: set[bytes] | None = None) -> tuple[list[int], float, int]:
     """Local search on a phase's actions (past the first ``keep``): descend greedily (``_refill``), remove
     one action and then descend, or (``swaps``) swap one for another and descend; take the first move that
     lowers the score (in that order, latest position first), and start over. A trajectory from a rollout
     carries random actions, and one can hold an axis that a better plan needs (a channel dim on the axis the
     batch wants); this undoes one at a time. Moves are tried ``chunk`` at a time in the workers (a fixed
     chunk, so the result does not depend on the number of workers) until ``budget`` states have been scored.
-    Returns the actions and their score (the states scored are added to ``memo.scored``)."""
+    Each descent relaxes the memory limit first by ``penalties`` (``_descend``). A move that reaches a state
+    in ``reached`` (where an earlier polish went on from) ends it; the states it moves to are added.
+    Returns the actions, their score and the states scored (counted as the budget counts them; they are
+    added to ``memo.scored``)."""
 
     def moves() -> list[_RefillTask]:
         # First a plain descent; then each removal and a descent whose first step is not the removed action
         # (a step may have to go through states over the memory limit: after removing a stored action, the
         # other classes' stored actions one by one).
         positions = range(len(actions) - 1, keep - 1, -1)
-        found = [_RefillTask(tuple(actions), allowed, goal, None)] + [
+        found = [_RefillTask(tuple(actions), allowed, goal, None, penalties=penalties)] + [
             _RefillTask(tuple(actions[:p] + actions[p + 1:]), allowed, goal,
-                        tuple(a for a in allowed if a != actions[p]))
+                        tuple(a for a in allowed if a != actions[p]), penalties=penalties)
             for p in positions]
         if swaps:
             # Then each swap of one action for another, and a descent: first the swaps that move an action's
@@ -547,7 +631,8 @@ def _polish(space: ActionSpace, memo: _Memo, actions: list[int], *, keep: int, a
             # others (one stored action for another class's, where neither alone is a step down).
             pairs = [(p, a) for p in positions for a in allowed if a not in actions]
             pairs.sort(key=lambda pair: space.actions[pair[1]].colors != space.actions[actions[pair[0]]].colors)
-            found += [_RefillTask(tuple(actions[:p] + actions[p + 1:] + [a]), allowed, goal, None) for p, a in pairs]
+            found += [_RefillTask(tuple(actions[:p] + actions[p + 1:] + [a]), allowed, goal, None, penalties=penalties)
+                      for p, a in pairs]
         return found
 
     pending = moves()
@@ -574,7 +659,12 @@ def _polish(space: ActionSpace, memo: _Memo, actions: list[int], *, keep: int, a
         if better:
             score, actions = better[0][0], list(better[0][1])
             pending = moves()
-    return actions, score
+            if reached is not None:
+                key = _replay_key(memo, memo.key(space.initial_atoms), tuple(actions))
+                if key in reached:
+                    break  # an earlier polish went on from this state
+                reached.add(key)
+    return actions, score, scored
 
 
 # Worker processes are forked with the space, memo and settings in this global (nothing is pickled, and a
@@ -628,27 +718,113 @@ def _lane_tasks(settings: MctsSettings, seed: int, state: np.ndarray, allowed: t
 def _refine(space: ActionSpace, memo: _Memo, settings: MctsSettings, found: list[_LaneResult],
             trajectory: list[int], best: float, phase: Phase, *, allowed: tuple[int, ...], keep: int,
             budget: int | None, deadline: float | None, pool: Any) -> tuple[float, list[int]]:
-    """The lanes' best trajectories and the best of each of their trees, best first (each once), trimmed and
-    polished after ``trajectory`` (whose first ``keep`` actions, the earlier phases', stay): the best of them
-    and of ``trajectory`` itself (scored ``best``), as ``(score, actions)``."""
+    """The lanes' best trajectories and the best of each of their trees, best first, trimmed after
+    ``trajectory`` (whose first ``keep`` actions, the earlier phases', stay), each state once: the first
+    ``polish_candidates`` of them polished, then the best polished states kicked (``_kick``). The best of
+    them all and of ``trajectory`` itself (scored ``best``), as ``(score, actions)``.
+
+    The polish scores at most ``polish_budget`` states per rollout of the phase: the candidates share
+    ``1 - kick_share`` of it, the kicks the rest and what the candidates left."""
     tops = {actions: score for r in found for score, actions in ((r.score, r.actions), *r.tops)}
     candidates = sorted(((score, actions) for actions, score in tops.items()),
                         key=lambda top: (top[0], len(top[1]), top[1]))
     refined: list[tuple[float, int, list[int]]] = [(best, len(trajectory), trajectory)]
-    polished = candidates[:settings.polish_candidates if settings.polish else 1]
-    # The polish scores at most polish_budget states per rollout of the phase, shared by its candidates.
-    polish_budget = None if budget is None else max(1, settings.polish_budget * budget // max(1, len(polished)))
-    for rank, candidate in enumerate(polished):
+    count = settings.polish_candidates if settings.polish else 1
+    starts: list[tuple[float, list[int]]] = []
+    seen: set[bytes] = set()  # candidates that trim to one state are polished once
+    initial = memo.key(space.initial_atoms)
+    for _, candidate in candidates:
+        if len(starts) == count:
+            break
+        actions, score = _trim(space, memo, trajectory + list(candidate), keep=keep, goal=phase.goal)
+        key = _replay_key(memo, initial, tuple(actions))
+        if key not in seen:
+            seen.add(key)
+            starts.append((score, actions))
+    kicking = settings.polish and settings.kicks > 0
+    total = None if budget is None else settings.polish_budget * budget
+    share = None if total is None else max(1, int(total * (1 - (settings.kick_share if kicking else 0)))
+                                           // max(1, len(starts)))
+    penalties = LIMIT_PENALTIES if settings.relax_limit else ()
+    reached: set[bytes] = set()
+    spent = 0
+    for rank, (score, actions) in enumerate(starts):
         if deadline is not None and time.monotonic() > deadline and rank:
             break
-        actions, score = _trim(space, memo, trajectory + list(candidate[1]), keep=keep, goal=phase.goal)
         if settings.polish:
-            actions, score = _polish(space, memo, actions, keep=keep, allowed=allowed, goal=phase.goal, score=score,
-                                     chunk=POLISH_CHUNK, pool=pool, deadline=deadline, swaps=settings.polish_swaps,
-                                     budget=polish_budget)
+            actions, score, used = _polish(space, memo, actions, keep=keep, allowed=allowed, goal=phase.goal,
+                                           score=score, chunk=POLISH_CHUNK, pool=pool, deadline=deadline,
+                                           swaps=settings.polish_swaps, budget=share, penalties=penalties,
+                                           reached=reached)
+            spent += used
         refined.append((score, len(actions), actions))
+    if kicking:
+        _kick(space, memo, settings, refined, phase, allowed=allowed, keep=keep, total=total, spent=spent,
+              deadline=deadline, pool=pool, reached=reached)
     phase_best, _, chosen = min(refined, key=lambda r: (r[0], r[1], tuple(r[2])))
     return phase_best, chosen
+
+
+def _kick(space: ActionSpace, memo: _Memo, settings: MctsSettings, refined: list[tuple[float, int, list[int]]],
+          phase: Phase, *, allowed: tuple[int, ...], keep: int, total: int | None, spent: int,
+          deadline: float | None, pool: Any, reached: set[bytes]) -> None:
+    """Kicks (iterated local search): the best ``settings.kicks`` states of ``refined`` (``(score, length,
+    actions)``, distinct), each without its phase's actions on one mesh axis, rebuilt by a descent that
+    relaxes the memory limit first (``LIMIT_PENALTIES``), and polished; appended to ``refined``. Each round
+    (at most ``KICK_ROUNDS``) kicks the best states not kicked yet, until the polish's budget (``total``
+    states scored, ``spent`` of them already) is spent.
+
+    The polish moves one or two actions at a time; under a binding memory limit, the basins the lanes end in
+    can differ in several actions at once (which axis splits the edges of a graph network, and so which
+    parameters must be stored split to fit), and no such move leaves one: removing a whole axis's actions
+    does, and the relaxed descent refills the axis with the time-saving splits first."""
+    axes = [axis for axis, _ in space.model.mesh.axes if any(space.actions[a].axis == axis for a in allowed)]
+    initial = memo.key(space.initial_atoms)
+    kicked: set[bytes] = set()  # the states kicked (each once, whatever the order of its actions)
+    for _ in range(KICK_ROUNDS):
+        if (deadline is not None and time.monotonic() > deadline) or (total is not None and spent >= total):
+            return
+        ranked = sorted(refined, key=lambda r: (r[0], r[1], tuple(r[2])))
+        bases: list[list[int]] = []
+        for score, _, actions in ranked:
+            if len(bases) == settings.kicks:
+                break
+            key = _replay_key(memo, initial, tuple(actions))
+            if len(actions) > keep and score < OVER_MEMORY and key not in kicked:
+                kicked.add(key)
+                bases.append(actions)
+        starts = [(base[:keep] + [a for a in base[keep:] if space.actions[a].axis != axis],
+                   tuple(a for a in base[keep:] if space.actions[a].axis == axis))
+                  for base in bases for axis in axes if any(space.actions[a].axis == axis for a in base[keep:])]
+        if not starts:
+            return
+        # Each start is rebuilt twice, free to take the removed actions again and not while relaxed (else the
+        # cheapest way back under the limit is often the basin it left); the better of the two is polished.
+        limit = None if total is None else max(1, (total - spent) // (2 * len(starts)))
+        tasks = [_RefillTask(tuple(start), allowed, phase.goal, None, limit=limit, penalties=LIMIT_PENALTIES,
+                             barred=barred) for start, removed in starts for barred in ((), removed)]
+        if pool is not None:
+            answers = pool.map(_worker_refill, tasks, chunksize=1)
+            rebuilt = [result for result, _ in answers]
+            memo.learn(entry for _, fresh in answers for entry in fresh)
+        else:
+            rebuilt = [_refill(space, memo, task) for task in tasks]
+        for result in rebuilt:
+            memo.scored |= result[2]
+            spent += result[3]
+        results = [min(pair, key=lambda r: (r[0], len(r[1]), r[1]))
+                   for pair in zip(rebuilt[::2], rebuilt[1::2], strict=True)]
+        for index, (score, rebuilt_actions, _, _) in enumerate(results):
+            actions = list(rebuilt_actions)
+            if score < OVER_MEMORY and (deadline is None or time.monotonic() <= deadline):
+                share = None if total is None else max(1, (total - spent) // (len(results) - index))
+                actions, score, used = _polish(space, memo, actions, keep=keep, allowed=allowed, goal=phase.goal,
+                                               score=score, chunk=POLISH_CHUNK, pool=pool, deadline=deadline,
+                                               swaps=settings.polish_swaps, budget=share,
+                                               penalties=LIMIT_PENALTIES if settings.relax_limit else (),
+                                               reached=reached)
+                spent += used
+            refined.append((score, len(actions), actions))
 
 
 def search(space: ActionSpace, costs: CostModel, *, budget: Budget = DEFAULT_BUDGET,
