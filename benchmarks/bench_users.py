@@ -39,7 +39,14 @@ USERS = ["benchmarks.programs.nnx_lm:nnx_lm?layers=12&d_model=768&heads=12&seq=1
          "benchmarks.programs.scan_llama:scan_llama?layers=16&d_model=2048&heads=16&kv_heads=8&ffn=5632&vocab=32000"
          "&seq=2048&batch=16",
          "benchmarks.programs.hf_whisper:hf_whisper?encoder_layers=8&decoder_layers=8&d_model=512&heads=8&ffn=2048"
-         "&vocab=51865&mel_bins=80&source_positions=1500&target_len=448&batch=8"]
+         "&vocab=51865&mel_bins=80&source_positions=1500&target_len=448&batch=8",
+         # The three a new user tried for issue 38: DiT-S/2 on 32x32 latents (Flax NNX), T5-small (Hugging Face
+         # Flax), a Mamba + MoE LM.
+         "benchmarks.programs.dit:dit?layers=12&d_model=384&heads=6&image=32&patch=2&batch=32&classes=1000",
+         "benchmarks.programs.flax_t5:flax_t5?layers=6&decoder_layers=6&d_model=512&d_kv=64&heads=8&d_ff=2048"
+         "&vocab=32128&source_len=512&target_len=128&batch=16",
+         "benchmarks.programs.mamba_moe:mamba_moe?layers=8&d_model=512&state=16&experts=8&top=2&d_ff=1024"
+         "&vocab=32000&seq=1024&batch=8"]
 
 
 def main() -> None:
