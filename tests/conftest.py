@@ -57,6 +57,19 @@ def kept_analysis_of(spec: str, engine: str = "embedded"):
     return goldens.analyze_kept(spec, engine)
 
 
+def walk_atoms(space, rng) -> object:
+    """The atom masks after a seeded random walk of 1 to 6 valid actions of ``space`` (an ``ActionSpace``): at
+    each step the first valid action of a random permutation."""
+    atoms = space.initial_atoms
+    for _ in range(int(rng.integers(1, 7))):
+        for index in rng.permutation(len(space)).tolist():
+            following = space.step(atoms, index)
+            if following is not None:
+                atoms = following
+                break
+    return atoms
+
+
 def assert_like(new, old) -> None:
     """Two pytrees of arrays (or ``ShapeDtypeStruct``s) with one structure, leaf shapes and dtypes: what a
     training step returns for what it takes (new parameters, new optimizer state)."""

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import walk_atoms
 
 import toast
 from toast.cost import class_table, repeats, schedule
@@ -75,14 +76,7 @@ def states_of(model: ShardingModel, space: ActionSpace, *, seed: int = 0) -> lis
             continue
     rng = np.random.default_rng(seed)
     for walk in range(WALKS):
-        atoms = space.initial_atoms
-        for _ in range(int(rng.integers(1, 7))):
-            for index in rng.permutation(len(space)).tolist():
-                following = space.step(atoms, index)
-                if following is not None:
-                    atoms = following
-                    break
-        found.append((f"walk {walk}", space.state(atoms)))
+        found.append((f"walk {walk}", space.state(walk_atoms(space, rng))))
     return found
 
 
@@ -248,6 +242,17 @@ def test_combine_groups_fast_worked_by_hand():
     assert found.tolist() == [0, 0, 1, 2]
 
 
+def assert_like_makespan(inputs: tuple, runs: repeats.ItemRuns, case: int) -> None:
+    """``periodic_makespan`` of ``inputs`` over ``runs`` equals ``makespan``: the step to 1e-12 relative, the
+    exposed seconds per axes set to 1e-12 of the step."""
+    expected_span, expected_exposed = makespan(*inputs)
+    span, exposed = periodic_makespan(*inputs, runs)
+    assert math.isclose(span, expected_span, rel_tol=1e-12), case
+    masks = inputs[4]
+    assert np.allclose(np.bincount(masks, weights=exposed), np.bincount(masks, weights=expected_exposed),
+                       rtol=0, atol=1e-12 * expected_span), case
+
+
 def periodic_inputs(rng: np.random.Generator, *, repeats_count: int, period: int, width: int, before: int,
                     heavy: bool) -> tuple:
     """A makespan's inputs with one run: ``repeats_count`` repeats of ``period`` items, ``width`` collectives each
@@ -288,12 +293,7 @@ def test_periodic_makespan_matches_the_scan(heavy, monkeypatch):
     for case in range(60):
         inputs, runs = periodic_inputs(rng, repeats_count=int(rng.integers(4, 40)), period=int(rng.integers(1, 6)),
                                        width=int(rng.integers(1, 6)), before=int(rng.integers(0, 12)), heavy=heavy)
-        expected_span, expected_exposed = makespan(*inputs)
-        span, exposed = periodic_makespan(*inputs, runs)
-        assert math.isclose(span, expected_span, rel_tol=1e-12), case
-        masks = inputs[4]
-        assert np.allclose(np.bincount(masks, weights=exposed), np.bincount(masks, weights=expected_exposed),
-                           rtol=0, atol=1e-12 * expected_span), case
+        assert_like_makespan(inputs, runs, case)
     assert any(jumps)
 
 
@@ -353,12 +353,7 @@ def test_periodic_makespan_matches_the_scan_with_collectives_ready_together(monk
         inputs, runs = periodic_inputs(rng, repeats_count=int(rng.integers(8, 40)), period=int(rng.integers(1, 4)),
                                        width=int(rng.integers(1, 5)), before=int(rng.integers(20, 60)),
                                        heavy=bool(case % 2))
-        expected_span, expected_exposed = makespan(*inputs)
-        span, exposed = periodic_makespan(*inputs, runs)
-        assert math.isclose(span, expected_span, rel_tol=1e-12), case
-        masks = inputs[4]
-        assert np.allclose(np.bincount(masks, weights=exposed), np.bincount(masks, weights=expected_exposed),
-                           rtol=0, atol=1e-12 * expected_span), case
+        assert_like_makespan(inputs, runs, case)
     assert any(jumps) and max(stretches) >= repeats._VECTOR_ROWS
 
 
@@ -406,12 +401,7 @@ def test_periodic_makespan_matches_the_scan_where_rows_repeat_every_few_periods(
                                        width=int(rng.integers(1, 6)), before=int(rng.integers(0, 12)),
                                        heavy=bool(case % 2))
         runs = repeats.ItemRuns(runs.starts, runs.periods // multiple, runs.repeats * multiple)
-        expected_span, expected_exposed = makespan(*inputs)
-        span, exposed = periodic_makespan(*inputs, runs)
-        assert math.isclose(span, expected_span, rel_tol=1e-12), case
-        masks = inputs[4]
-        assert np.allclose(np.bincount(masks, weights=exposed), np.bincount(masks, weights=expected_exposed),
-                           rtol=0, atol=1e-12 * expected_span), case
+        assert_like_makespan(inputs, runs, case)
     assert any(jumps)
 
 

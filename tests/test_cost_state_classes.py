@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import walk_atoms
 
 import toast
 from toast.cost import class_table, schedule
@@ -33,17 +34,7 @@ def gpt(layers: int) -> tuple[ShardingModel, ActionSpace]:
 def walks(space: ActionSpace, count: int, *, seed: int = 0) -> list[ShardingState]:
     """The initial state and ``count`` seeded random walks of 1 to 6 valid actions, on the space's partition."""
     rng = np.random.default_rng(seed)
-    found = [space.state(space.initial_atoms)]
-    for _ in range(count):
-        atoms = space.initial_atoms
-        for _ in range(int(rng.integers(1, 7))):
-            for index in rng.permutation(len(space)).tolist():
-                following = space.step(atoms, index)
-                if following is not None:
-                    atoms = following
-                    break
-        found.append(space.state(atoms))
-    return found
+    return [space.state(space.initial_atoms)] + [space.state(walk_atoms(space, rng)) for _ in range(count)]
 
 
 @pytest.mark.parametrize("microbatches", [1, 3])
