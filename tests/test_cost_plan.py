@@ -19,7 +19,7 @@ from conftest import ONE_LEVEL, round_numbers_profile
 
 from toast import Action, CostModel, ShardingModel, analyze, load_hardware, parse_mesh
 from toast.cost.memory import memory_timeline
-from toast.cost.model import absolute_cost
+from toast.cost.model import absolute_cost, priced_rows, scheduled_cost, step_time_bound
 from toast.cost.plan import CostPlan, cost_plan
 from toast.cost.pricing import kernel_times
 
@@ -77,3 +77,56 @@ def test_the_plan_is_frozen_and_serves_states_in_any_order(split):
     assert costs.evaluate(state).step_time_s == first.step_time_s
     assert costs.initial == absolute_cost(plan, unsharded)
     assert np.array_equal(costs.memory_timeline(state), memory_timeline(plan, state))
+
+
+def _contracted_split(k: int):
+    """``tanh(x @ w)``, x [256, k] and w [k, 256], the contracting dim over model=2, on the round-numbers profile."""
+    analysis = analyze(f"split{k}", fn=lambda x, w: jnp.tanh(x @ w),
+                       args=[jax.ShapeDtypeStruct((256, k), jnp.float32), jax.ShapeDtypeStruct((k, 256), jnp.float32)])
+    model = ShardingModel(analysis, parse_mesh("model=2"))
+    name = analysis.names.def_base[analysis.program.arguments[0]] + 1
+    return model, model.apply(model.initial(), Action(int(analysis.color_of[name]), "model"))
+
+
+def test_the_step_time_bound_is_the_busier_stream(split):
+    """``step_time_bound``: the step overhead plus the larger of the compute stream's busy time and the communication
+    stream's, without scheduling them; ``scheduled_cost`` of ``priced_rows`` is ``absolute_cost``. With a 512-long
+    contraction the kernels are the busier (the all-reduce hides nothing: tanh waits for it, so the step is longer);
+    with a 2-long one (each device's matmul [256, 1] x [1, 256]: 131072 FLOPs, 264192 bytes, bound by bytes:
+    2.64192e-7 s + the call) the all-reduce of the [256, 256] product is."""
+    model, unit, state = split
+    plan = cost_plan(model, unit)
+    rows = priced_rows(plan, state)
+    assert step_time_bound(plan, rows) == pytest.approx(STEP + MATMUL + TANH)
+    assert scheduled_cost(plan, rows) == absolute_cost(plan, state)
+    assert rows.peak == absolute_cost(plan, state).peak_bytes
+    thin_model, thin_state = _contracted_split(2)
+    thin_plan = cost_plan(thin_model, unit)
+    thin_matmul = 264192 / 1e12 + 1e-6
+    assert step_time_bound(thin_plan, priced_rows(thin_plan, thin_state)) == pytest.approx(STEP + ALL_REDUCE)
+    assert absolute_cost(thin_plan, thin_state).step_time_s == pytest.approx(STEP + thin_matmul + ALL_REDUCE + TANH)
+
+
+@pytest.mark.parametrize("spec", ["toast.examples.gpt:gpt_small?layers=4", "toast.examples.convnet:convnet",
+                                  "benchmarks.programs.llama3:llama3?layers=4"])
+def test_the_step_time_bound_never_exceeds_the_step_time(spec):
+    """On bundled programs' random search states (reuse path: the makespan jumping over layers, to 1e-12), the bound
+    is at most the step time, and the two halves give ``absolute_cost``."""
+    from conftest import walk_atoms
+
+    from toast.search.actions import ActionSpace
+
+    model = ShardingModel(analyze(spec, engine="embedded"), parse_mesh("batch=2,model=2" if "gpt" in spec else
+                                                                       "data=2,model=2"))
+    space = ActionSpace(model)
+    costs = CostModel(model, load_hardware("h100"))
+    rng = np.random.default_rng(3)
+    below = 0
+    for _ in range(12):
+        state = space.state(walk_atoms(space, rng))
+        rows = costs.priced_rows(state)
+        bound, cost = costs.step_time_bound(rows), costs.evaluate(state, collectives=False)
+        assert bound <= cost.step_time_s * (1 + 1e-12)
+        assert costs.evaluate_rows(rows, collectives=False) == cost
+        below += bound < cost.step_time_s * (1 - 1e-9)
+    assert below  # a bound, not the step time itself

@@ -300,6 +300,64 @@ def test_a_worker_scores_what_another_costed_without_costing_it_again(monkeypatc
     assert len(set(expected)) > 1  # states of different scores
 
 
+def test_a_descent_step_costs_only_the_moves_that_could_be_best(monkeypatch):
+    """A descent's step (``_Memo.best_step``) takes the move of least score, as scoring every move would, under the
+    limit, a relaxed limit and the memory goal, and records every move as scored; but moves whose lower bound
+    (``CostModel.step_time_bound``) is worse than a move costed are not costed in full."""
+    from toast.search.mcts import _Memo, _refill, _RefillTask
+
+    analysis = analysis_of(GPT)
+    model = ShardingModel(analysis, parse_mesh("batch=2,model=4"))
+    space, costs = ActionSpace(model), toast.CostModel(model, A100, device_memory=0.5 * 2**30)
+    allowed = tuple(range(len(space)))
+    tasks = [_RefillTask((), allowed, "runtime", None), _RefillTask((), allowed, "memory", None),
+             _RefillTask((), allowed, "runtime", None, penalties=(0.25, 4.0))]
+    costed: list[str] = []
+
+    def counting(original):
+        return lambda *args, **kwargs: costed.append("x") or original(*args, **kwargs)
+
+    for name in ("evaluate", "evaluate_rows"):
+        monkeypatch.setattr(costs, name, counting(getattr(costs, name)))
+    bounding = [_refill(space, _Memo(costs, space), task) for task in tasks]
+    costed_bounding = len(costed)
+    monkeypatch.setattr(_Memo, "best_step", lambda self, following, goal, penalty: min(
+        (self.penalized(key, goal, penalty), action) for action, key in following))
+    del costed[:]
+    scoring_each = [_refill(space, _Memo(costs, space), task) for task in tasks]
+    assert bounding == scoring_each
+    assert all(len(actions) >= 2 for _, actions, _, _ in bounding)
+    assert costed_bounding < len(costed)  # some moves were only bounded
+
+
+def test_a_search_that_bounds_states_finds_what_costing_each_finds(monkeypatch):
+    """The search asks whether a rollout's state fits from its peak alone (``_Memo.fits``: the state priced up to
+    its schedule, not scheduled) and bounds descents' moves (``_Memo.best_step``): the same result, states
+    scored and step time as costing every state it asks about, with fewer states costed in full."""
+    from toast.search.exhaustive import OVER_MEMORY
+    from toast.search.mcts import _Memo
+
+    analysis = analysis_of(GPT)
+    model = ShardingModel(analysis, parse_mesh("batch=2,model=4"))
+    space, costs = ActionSpace(model), toast.CostModel(model, A100, device_memory=0.5 * 2**30)
+    scheduled: list[str] = []
+    monkeypatch.setattr(toast.cost.model, "scheduled_cost",
+                        lambda *a, _f=toast.cost.model.scheduled_cost, **k: scheduled.append("x") or _f(*a, **k))
+    budget, settings = Budget(rollouts=120, workers=1), MctsSettings(patience=20)
+    bounding = search(space, costs, budget=budget, settings=settings)
+    scheduled_bounding = len(scheduled)
+    monkeypatch.setattr(_Memo, "fits", lambda self, key: self.score(key, "runtime") < OVER_MEMORY)
+    monkeypatch.setattr(_Memo, "best_step", lambda self, following, goal, penalty: min(
+        (self.penalized(key, goal, penalty), action) for action, key in following))
+    del scheduled[:]
+    costing = search(space, costs, budget=budget, settings=settings)
+    assert (bounding.actions, bounding.evaluations, bounding.rollouts, bounding.cost) == \
+        (costing.actions, costing.evaluations, costing.rollouts, costing.cost)
+    # Costing each schedules each state scored once (and the result's once more, listing its collectives).
+    assert len(scheduled) == costing.evaluations + 1
+    assert scheduled_bounding < len(scheduled)
+
+
 def test_the_rollout_budget_is_spent_unless_the_space_is_exhausted():
     """``rollouts=N`` runs N rollouts on a space bigger than N states, however little the lanes improve
     (``patience`` restarts them instead of stopping); on the MLP's 9 states the search stops once it has

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from itertools import chain
 from typing import cast
 
 import numpy as np
@@ -160,6 +161,7 @@ class CollectiveTable:
 
 
 _TABLE_FIELDS = tuple(field.name for field in fields(CollectiveTable))  # as Collective's, in its order
+_NO_MASK = np.zeros(1, dtype=np.uint8)  # the padding part's mask (one device)
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,47 +194,61 @@ class CommunicationModel:
         defs = len(names.defs)
         producer = program.producer
         self.producer = producer
-        # (node, op) pairs of definition names: a use dim in such a node maps to a dim the op makes.
-        made = {(int(analysis.node_of[name]), producer[value_id]) for name, (value_id, _) in enumerate(names.defs)}
+        ops, values = program.ops, program.values
         use_count = len(names.uses)
-        self.use_def = np.empty(use_count, dtype=np.int64)
-        splittable = np.zeros(use_count, dtype=bool)
-        reducing = np.zeros(use_count, dtype=bool)
-        reduced_dims: dict[int, set[tuple[int, int]]] = {op.id: set() for op in program.ops}
-        for op_id, operand, dim in analysis.summed_dims:  # the rules' summed_dim (partial sums)
-            reduced_dims[op_id].add((operand, dim))
-        terminators = {op.id for op in program.ops if op.kind in TERMINATORS}
-        for offset, (op_id, operand, dim) in enumerate(names.uses):
-            value_id = program.ops[op_id].operands[operand]
-            self.use_def[offset] = names.def_base[value_id] + dim
-            if (operand, dim) in reduced_dims[op_id]:
-                reducing[offset] = True
-            elif op_id in terminators or (int(analysis.node_of[defs + offset]), op_id) in made \
-                    or (op_id, operand, dim) in analysis.manual_dims:
-                # A terminator passes its operands on as they are (a region's or the program's results); a manual
-                # region (shard_map) takes each device's shard as it is.
-                splittable[offset] = True
+        # Each use name's op, operand and dim, and the value it reads (the op's operands flattened), as arrays: the
+        # passes below are numpy over the names, not a Python loop per name.
+        use_table = np.fromiter(chain.from_iterable(names.uses), dtype=np.int64, count=3 * use_count).reshape(-1, 3)
+        use_op, use_operand, use_dim = use_table[:, 0], use_table[:, 1], use_table[:, 2]
+        operand_counts = np.fromiter(map(len, (op.operands for op in ops)), dtype=np.int64, count=len(ops))
+        flat_operands = np.fromiter(chain.from_iterable(op.operands for op in ops), dtype=np.int64,
+                                    count=int(operand_counts.sum()))
+        use_value = flat_operands[np.cumsum(operand_counts)[use_op] - operand_counts[use_op] + use_operand]
+        def_base = np.asarray(names.def_base, dtype=np.int64).reshape(-1)
+        self.use_def = def_base[use_value] + use_dim
+        # The rules' summed_dim (partial sums): (op, operand, dim) rows, as a use name is.
+        reducing = np.fromiter(map(analysis.summed_dims.__contains__, names.uses), dtype=bool, count=use_count)
+        # (node, op) pairs of definition names: a use dim in such a node maps to a dim the op makes (one int64 key
+        # per pair: node x (ops + 1) + op + 1, the op -1 for an argument).
+        stride = len(ops) + 1
+        node_of = np.asarray(analysis.node_of, dtype=np.int64)
+        def_values = np.fromiter(chain.from_iterable(names.defs), dtype=np.int64, count=2 * defs)[::2]
+        made = np.sort(node_of[:defs] * stride + np.asarray(producer, dtype=np.int64).reshape(-1)[def_values] + 1)
+        use_keys = node_of[defs:defs + use_count] * stride + use_op + 1
+        in_made = made[np.minimum(np.searchsorted(made, use_keys), len(made) - 1)] == use_keys if len(made) else \
+            np.zeros(use_count, dtype=bool)
+        terminator = np.fromiter((op.kind in TERMINATORS for op in ops), dtype=bool, count=len(ops))
+        # A terminator passes its operands on as they are (a region's or the program's results); a manual region
+        # (shard_map) takes each device's shard as it is.
+        splittable = terminator[use_op] | in_made
+        if analysis.manual_dims:
+            splittable |= np.fromiter(map(analysis.manual_dims.__contains__, names.uses), dtype=bool, count=use_count)
+        splittable &= ~reducing
         # Dims a use keeps whatever the state: a mask of 0xFF (keep) or 0 (must be whole).
         self.keep_mask = np.where(splittable | reducing, 0xFF, 0).astype(np.uint8)
         self.reducing_names = np.flatnonzero(reducing) + defs
-        self.reducing_ops = np.asarray([names.uses[n - defs][0] for n in self.reducing_names.tolist()], dtype=np.int64)
+        self.reducing_ops = np.ascontiguousarray(use_op[reducing])
         # Use sites with dims: (op, operand, value, first name, rank) in name order.
-        self.use_sites = [(site.op, site.operand, site.value, site.first_name, len(program.values[site.value].shape))
-                          for site in names.use_sites if program.values[site.value].shape]
+        rank_of_value = [len(v.shape) for v in values]
+        self.use_sites = [(site.op, site.operand, site.value, site.first_name, rank_of_value[site.value])
+                          for site in names.use_sites if rank_of_value[site.value]]
         self.uses_of_value: dict[int, list[tuple[int, int, int]]] = {}
         for op_id, _, value_id, first, rank in self.use_sites:
             self.uses_of_value.setdefault(value_id, []).append((op_id, first, rank))
-        self.use_site_starts = np.asarray([s[3] - defs for s in self.use_sites], dtype=np.int64)
-        self.element_bits = np.asarray([storage_bits(v) for v in program.values], dtype=np.int64)
+        sites = np.fromiter(chain.from_iterable(self.use_sites), dtype=np.int64,
+                            count=5 * len(self.use_sites)).reshape(-1, 5)  # the use sites' columns
+        self.use_site_starts = sites[:, 3] - defs
+        self.element_bits = np.asarray([storage_bits(v) for v in values], dtype=np.int64)
         self._axes_of_mask = [model.mesh.mask_axes(mask) for mask in range(256)]
         self._keep_bytes = self.keep_mask.tobytes()
-        self._site_values = np.asarray([site[2] for site in self.use_sites], dtype=np.int64)
+        self._site_values = np.ascontiguousarray(sites[:, 2])
         self._defs = defs
-        self._value_starts = np.asarray([names.def_base[v.id] for v in program.values if v.shape], dtype=np.int64)
-        self._ranked_values = np.asarray([v.id for v in program.values if v.shape], dtype=np.int64)
+        self._ranked_values = np.fromiter((v.id for v, rank in zip(values, rank_of_value, strict=True) if rank),
+                                          dtype=np.int64)
+        self._value_starts = def_base[self._ranked_values]
         self._init_value_bytes(defs)
         self._init_partial_results(defs)
-        self._init_use_sites(defs)
+        self._init_use_sites(sites)
         self._init_halos(defs)
         self._memo: dict[bytes, Collective] = {}  # a CollectiveTable row's bytes -> its Collective
         self._byte_classes: tuple[NamePartition, ByteClasses] | None = None
@@ -287,13 +303,14 @@ class CommunicationModel:
         self._scan_entry = np.asarray(scan_entry, dtype=np.int64)
         self._scan_keep = self.keep_mask[self._scan_names - defs]
 
-    def _init_use_sites(self, defs: int) -> None:
-        """Static arrays of the use sites: op and operand, and each site's use names as a row of
-        ``int64[sites, width]`` (offsets into use names; padded with ``len(uses)``, where the padded
-        use masks hold a 0; width a multiple of 8 so that a row of masks reads as ``uint64`` words)."""
-        self._site_ops = np.asarray([site[0] for site in self.use_sites], dtype=np.int64)
-        self._site_operands = np.asarray([site[1] for site in self.use_sites], dtype=np.int64)
-        ranks = np.asarray([site[4] for site in self.use_sites], dtype=np.int64)
+    def _init_use_sites(self, sites: np.ndarray) -> None:
+        """Static arrays of the use sites (``sites``: ``use_sites`` as ``int64[sites, 5]``): op and operand, and
+        each site's use names as a row of ``int64[sites, width]`` (offsets into use names; padded with
+        ``len(uses)``, where the padded use masks hold a 0; width a multiple of 8 so that a row of masks reads as
+        ``uint64`` words)."""
+        self._site_ops = np.ascontiguousarray(sites[:, 0])
+        self._site_operands = np.ascontiguousarray(sites[:, 1])
+        ranks = np.ascontiguousarray(sites[:, 4])
         max_rank = int(ranks.max()) if len(ranks) else 0
         width = max(8, -(-max_rank // 8) * 8)
         rows = np.full((len(self.use_sites), width), len(self.use_def), dtype=np.int64)
@@ -363,10 +380,7 @@ class CommunicationModel:
         parts = np.append(partition.part_of_name[:defs], -1)[columns]
         sizes = np.append(self.model.name_size[:defs], 1)[columns]
         key = np.concatenate([parts, sizes, self._ranked_bits[None, :]]).T
-        if len(key):
-            _, first, inverse = np.unique(key, axis=0, return_index=True, return_inverse=True)
-        else:
-            first = inverse = np.zeros(0, dtype=np.int64)
+        first, inverse = _unique_rows(key)
         scalars = np.ones(len(self._scalar_bytes), dtype=bool)
         scalars[self._ranked_values] = False
         scalar_bytes, scalar_inverse = np.unique(self._scalar_bytes[scalars], return_inverse=True)
@@ -384,13 +398,11 @@ class CommunicationModel:
         assert state.partition is not None
         classes = self.byte_classes(state.partition)
         # The parts' masks; index -1 (padding) holds 0: one device, a local size of 1.
-        part_masks = np.append(state.part_masks(), np.uint8(0))
+        part_masks = np.concatenate((state.part_masks(), _NO_MASK))
         local = np.floor(classes.sizes / self._devices_float.take(part_masks.take(classes.parts))).astype(np.int64)
         if len(local):
-            elements = local[0].copy()
-            for row in local[1:]:
-                elements *= row
-            ranked = (elements * classes.bits + 7) >> 3
+            # Elements: the product of the dims' local sizes (whole numbers: exact in any order).
+            ranked = (np.multiply.reduce(local, axis=0) * classes.bits + 7) >> 3
         else:
             ranked = np.zeros(0, dtype=np.int64)
         return np.concatenate((ranked, classes.scalar_bytes))
@@ -642,6 +654,22 @@ class CommunicationModel:
                 if masks[first + dim] & keep[first + dim - defs] & axes_mask == axes_mask:
                     return dim
         return None
+
+
+def _unique_rows(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(key, axis=0, return_index=True, return_inverse=True)``'s index and inverse, ``int64[rows]`` each:
+    the distinct rows in lexicographic order (column 0 first), each by its first occurrence, and each row's
+    distinct row. A stable ``lexsort`` of the columns instead of numpy's sort of the rows as structured scalars,
+    which took a tenth of a second per 50k rows."""
+    if not len(key):
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    order = np.lexsort(key.T[::-1])  # the last key sorts first: column 0 is the primary one
+    ordered = key[order]
+    starts = np.ones(len(key), dtype=bool)
+    starts[1:] = (ordered[1:] != ordered[:-1]).any(axis=1)
+    inverse = np.empty(len(key), dtype=np.int64)
+    inverse[order] = np.cumsum(starts) - 1
+    return order[starts].astype(np.int64, copy=False), inverse
 
 
 def cse_groups(keys: np.ndarray, layouts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

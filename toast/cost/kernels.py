@@ -57,6 +57,12 @@ from toast.analysis.kernel_semantics import UNPRICED_CLASS, KernelClass, KernelS
 from toast.frontend.ir import HOST_MEMORY_KINDS, TERMINATORS, Program
 from toast.frontend.loops import Loop, LoopNest, loop_nest
 
+# The kernel classes as module constants: looking a member up on its enum costs about 0.4 us on Python 3.11,
+# and the passes below compare every op's class several times.
+_VIEW, _INLINE, _LOOP, _BRANCH, _TERMINATOR, _MATMUL, _LIBRARY, _REDUCTION, _SCATTER, _CHEAP, _FUSIBLE = (
+    KernelClass.VIEW, KernelClass.INLINE, KernelClass.LOOP, KernelClass.BRANCH, KernelClass.TERMINATOR,
+    KernelClass.MATMUL, KernelClass.LIBRARY, KernelClass.REDUCTION, KernelClass.SCATTER, KernelClass.CHEAP,
+    KernelClass.FUSIBLE)
 # Bits per component of a select-and-scatter's selection (the selected value and its index per dimension).
 SELECTION_BITS = 32
 # A producer read by several kernels is duplicated into them only if its fusion has at most this many inputs and
@@ -69,20 +75,20 @@ MAX_DUPLICATED_OPS = 256
 # making it; and the kind of a loop fusion's kernel.
 COMPUTATION, RECOMPUTED, IN_PLACE, FUSION = "computation", "recomputed", "in_place", "fusion"
 # Classes whose ops hand their operands on to a region or the caller (no kernel of their own).
-HANDS_ON = frozenset({KernelClass.TERMINATOR, KernelClass.LOOP, KernelClass.BRANCH})
+HANDS_ON = frozenset({_TERMINATOR, _LOOP, _BRANCH})
 # Classes whose ops hold regions that run as scheduling scopes of their own.
-_SCOPES = frozenset({KernelClass.LOOP, KernelClass.BRANCH})
+_SCOPES = frozenset({_LOOP, _BRANCH})
 # Classes whose ops' regions are not a scalar computation of theirs.
-_CONTROL = frozenset({KernelClass.INLINE, KernelClass.LOOP, KernelClass.BRANCH})
+_CONTROL = frozenset({_INLINE, _LOOP, _BRANCH})
 # Categories of the kernels a kernel's ops are, most telling first: the kernel's kind (else a loop fusion).
-_KERNEL_KINDS = (KernelClass.MATMUL, KernelClass.LIBRARY, KernelClass.SCATTER, KernelClass.REDUCTION)
+_KERNEL_KINDS = (_MATMUL, _LIBRARY, _SCATTER, _REDUCTION)
 # Categories that root a kernel of their own (a cheap producer where stored).
-_FORMS_KERNEL = frozenset({KernelClass.FUSIBLE, KernelClass.REDUCTION, KernelClass.SCATTER, KernelClass.LIBRARY,
-                           KernelClass.MATMUL})
+_FORMS_KERNEL = frozenset({_FUSIBLE, _REDUCTION, _SCATTER, _LIBRARY,
+                           _MATMUL})
 # Readers a fusible producer may fuse into.
-_FUSES_INTO = frozenset({KernelClass.FUSIBLE, KernelClass.REDUCTION, KernelClass.SCATTER})
+_FUSES_INTO = frozenset({_FUSIBLE, _REDUCTION, _SCATTER})
 # Library calls (their own kernel, whose operands are stored).
-_CALLS = frozenset({KernelClass.MATMUL, KernelClass.LIBRARY})
+_CALLS = frozenset({_MATMUL, _LIBRARY})
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,7 +177,17 @@ class KernelPlan:
         self.semantics = semantics
         self.nest: LoopNest = loop_nest(program)
         self.loops: Mapping[int, Loop] = self.nest.loops
-        self.op_class = [semantics.class_of(op) or UNPRICED_CLASS for op in program.ops]
+        # An op's class is its kind's but for custom calls (by their target): looked up once per kind.
+        by_kind: dict[str, KernelClass] = {}
+        op_class: list[KernelClass] = []
+        for op in program.ops:
+            cls = by_kind.get(op.kind)
+            if cls is None:
+                cls = semantics.class_of(op) or UNPRICED_CLASS
+                if op.kind != "stablehlo.custom_call":
+                    by_kind[op.kind] = cls
+            op_class.append(cls)
+        self.op_class = op_class
         # The passes, in order; each reads what the ones before made.
         root = self._memory_spaces(self._view_roots())
         self._scopes()
@@ -199,15 +215,15 @@ class KernelPlan:
         source = list(range(value_count))
         for op in ops:
             cls = op_class[op.id]
-            if cls == KernelClass.VIEW and op.operands:
+            if cls == _VIEW and op.operands:
                 for k, value_id in enumerate(op.results):
                     if not values[value_id].memory_kind:  # a placement: its own buffer here (_memory_spaces)
                         source[value_id] = op.operands[min(k, len(op.operands) - 1)]
-            elif cls in (KernelClass.INLINE, KernelClass.LOOP):
-                for args in op.regions[-1:] if cls == KernelClass.LOOP else op.regions[:1]:
+            elif cls in (_INLINE, _LOOP):
+                for args in op.regions[-1:] if cls == _LOOP else op.regions[:1]:
                     for value_id, operand in zip(args, op.operands, strict=False):
                         source[value_id] = operand
-                if cls == KernelClass.LOOP:
+                if cls == _LOOP:
                     for value_id, operand in zip(op.results, op.operands, strict=False):
                         source[value_id] = operand
                     if op.regions:
@@ -220,20 +236,20 @@ class KernelPlan:
             if op.kind in TERMINATORS and op.parent is not None:
                 returns[op.parent] = op.id
         for op in ops:
-            if op_class[op.id] == KernelClass.INLINE and (op.id, 0) in returns:
+            if op_class[op.id] == _INLINE and (op.id, 0) in returns:
                 inner = ops[returns[(op.id, 0)]]
                 for value_id, returned in zip(op.results, inner.operands, strict=False):
                     source[value_id] = returned
-        root = np.arange(value_count, dtype=np.int64)
+        roots = list(range(value_count))
         for value_id in range(value_count):
             r = value_id
             while source[r] != r:
                 r = source[r]
-            root[value_id] = r
+            roots[value_id] = r
             step = value_id
             while source[step] != r:  # path compression: every chain is walked once
                 source[step], step = r, source[step]
-        return root
+        return np.asarray(roots, dtype=np.int64).reshape(-1)
 
     def _memory_spaces(self, root: np.ndarray) -> np.ndarray:
         """Sets ``host_value``, ``host_data`` and ``_placements`` (``(op, operand, result, to_host)`` of each placement
@@ -259,11 +275,11 @@ class KernelPlan:
         dropped: set[int] = set()
         hosted = [v.memory_kind in HOST_MEMORY_KINDS for v in values]
         for op in ops:
-            if op_class[op.id] != KernelClass.VIEW or len(op.operands) != 1 or len(op.results) != 1:
+            if op_class[op.id] != _VIEW or len(op.operands) != 1 or len(op.results) != 1:
                 continue
             (first,), (second,) = op.operands, op.results
             if values[second].memory_kind and values[first].memory_kind and uses[first] == 1 and \
-                    producer[first] >= 0 and op_class[producer[first]] == KernelClass.VIEW and \
+                    producer[first] >= 0 and op_class[producer[first]] == _VIEW and \
                     hosted[first] != hosted[second]:
                 dropped.update((first, second))
         for value in values:
@@ -278,7 +294,7 @@ class KernelPlan:
                 passes.append((op.operands[in_place_update[op.kind][1]], op.results[0]))
             elif (op.kind, 0) in touched:
                 passes.append((op.operands[0], op.results[0]))
-            elif op_class[op.id] == KernelClass.CHEAP and len(op.operands) == 1 and values[op.operands[0]].bits == \
+            elif op_class[op.id] == _CHEAP and len(op.operands) == 1 and values[op.operands[0]].bits == \
                     values[op.results[0]].bits and math.prod(values[op.operands[0]].shape) == \
                     math.prod(values[op.results[0]].shape):
                 passes.append((op.operands[0], op.results[0]))
@@ -291,7 +307,7 @@ class KernelPlan:
                     host[r] = changed = True
         merged: dict[int, int] = {}
         for op in ops:
-            if op_class[op.id] != KernelClass.VIEW or not op.operands:
+            if op_class[op.id] != _VIEW or not op.operands:
                 continue
             for k, value_id in enumerate(op.results):
                 if not values[value_id].memory_kind:
@@ -350,7 +366,7 @@ class KernelPlan:
             in_computation = op.parent is not None and (
                 category[op.parent[0]] == COMPUTATION or op_class[op.parent[0]] not in _CONTROL)
             cls = op_class[op.id]
-            category.append(COMPUTATION if in_computation else KernelClass.VIEW if cls == KernelClass.INLINE else cls)
+            category.append(COMPUTATION if in_computation else _VIEW if cls == _INLINE else cls)
         return category
 
     def _users_and_escapes(self, root: np.ndarray, category: list[str]) -> tuple[list[list[int]], np.ndarray]:
@@ -359,41 +375,42 @@ class KernelPlan:
         value_count = len(self.program.values)
         # Users of each buffer (through views), by op: the real readers.
         users: list[list[int]] = [[] for _ in range(value_count)]
-        escapes = np.zeros(value_count, dtype=bool)  # read by a terminator, a loop, a branch or a library call
+        escapes = [False] * value_count  # read by a terminator, a loop, a branch or a library call
         op_class = self.op_class
+        root_of = root.tolist()  # Python ints: a list lookup, not a numpy scalar, per operand
         for op in ops:
-            if op_class[op.id] in (KernelClass.VIEW, KernelClass.INLINE) or category[op.id] == COMPUTATION:
+            if op_class[op.id] in (_VIEW, _INLINE) or category[op.id] == COMPUTATION:
                 continue
-            if op.kind in TERMINATORS and op.parent is not None and op_class[op.parent[0]] == KernelClass.INLINE:
+            if op.kind in TERMINATORS and op.parent is not None and op_class[op.parent[0]] == _INLINE:
                 continue  # a call's results are views of what its body returns: their readers read it
             for value_id in op.operands:
-                r = int(root[value_id])
-                users[r].append(op.id)
+                users[root_of[value_id]].append(op.id)
         for value_id in program.results:
-            escapes[root[value_id]] = True
+            escapes[root_of[value_id]] = True
         for _, operand, _, to_host in self._placements:
             if to_host:  # the copy to the host reads it where it lies: it is stored
-                escapes[root[operand]] = True
+                escapes[root_of[operand]] = True
         for op in ops:
             cat = category[op.id]
             if cat in HANDS_ON or cat in _CALLS:
-                if cat == KernelClass.TERMINATOR and op.parent is not None and op_class[op.parent[0]] == \
-                        KernelClass.INLINE:
+                if cat == _TERMINATOR and op.parent is not None and op_class[op.parent[0]] == \
+                        _INLINE:
                     continue  # a call's results are views of what its body returns
                 for value_id in op.operands:
-                    escapes[root[value_id]] = True
+                    escapes[root_of[value_id]] = True
 
-        return users, escapes
+        return users, np.asarray(escapes, dtype=bool).reshape(-1)
 
     def _materialized_cheap(self, category: list[str], escapes: np.ndarray) -> np.ndarray:
         """Per op: a cheap producer that is stored (something other than a fusible op reads it)."""
         ops = self.program.ops
         # Cheap producers are materialized only when something other than a fusible op reads them.
         materialized_cheap = np.zeros(len(ops), dtype=bool)
+        escaped = escapes.tolist()
         for op in ops:
-            if category[op.id] == KernelClass.CHEAP:
+            if category[op.id] == _CHEAP:
                 for value_id in op.results:
-                    if escapes[value_id]:
+                    if escaped[value_id]:
                         materialized_cheap[op.id] = True
         return materialized_cheap
 
@@ -417,36 +434,47 @@ class KernelPlan:
         # Every other fusible op, reduction, scatter and library call roots a kernel.
         fuses_into = category.copy()
         touched = self.semantics.touched_operand
-        readers_of = [[u for value_id in op.results for u in users[int(root[value_id])]] for op in ops]
-        candidate = np.zeros(len(ops), dtype=bool)  # may fuse into its readers (if duplicating pays)
+        # Python lists of the arrays: the passes below look them up per op and operand.
+        root_of, escaped, cheap_stored = root.tolist(), escapes.tolist(), materialized_cheap.tolist()
+        readers_of = [[u for value_id in op.results for u in users[root_of[value_id]]] for op in ops]
+        candidate = [False] * len(ops)  # may fuse into its readers (if duplicating pays)
         for op in ops:
-            if category[op.id] != KernelClass.FUSIBLE or op.kind in self.semantics.in_place_update or not op.results:
+            if category[op.id] != _FUSIBLE or op.kind in self.semantics.in_place_update or not op.results:
                 continue
             readers = readers_of[op.id]
-            candidate[op.id] = bool(readers) and not any(escapes[int(root[v])] for v in op.results) and all(
+            candidate[op.id] = bool(readers) and not any(escaped[root_of[v]] for v in op.results) and all(
                 category[u] in _FUSES_INTO and scope[u] == scope[op.id] for u in readers)
-        value_bytes = [math.prod(v.shape) * (8 if v.bits == 1 else v.bits) / 8 for v in program.values]  # pred: a byte
+        values = program.values
+        byte_cache: dict[int, float] = {}
+
+        def value_bytes(value_id: int) -> float:
+            """Bytes of a value (pred: a byte); only the values near duplicated ops are asked for."""
+            found = byte_cache.get(value_id)
+            if found is None:
+                value = values[value_id]
+                found = byte_cache[value_id] = math.prod(value.shape) * (8 if value.bits == 1 else value.bits) / 8
+            return found
 
         def duplication_pays(op_id: int, kernels: int) -> bool:
             """Whether recomputing op ``op_id`` in ``kernels`` kernels moves no more bytes than storing it once.
             Its inputs are those of the producers that may fuse with it: an upper bound, as they are decided
             later, and one that stores only replaces its inputs by its result, which is smaller."""
-            budget = (kernels + 1) / (kernels - 1) * sum(value_bytes[v] for v in ops[op_id].results)
+            budget = (kernels + 1) / (kernels - 1) * sum(value_bytes(v) for v in ops[op_id].results)
             inputs: dict[int, float] = {}
             total = 0.0
             stack, visited = [op_id], {op_id}
             while stack:
                 q = ops[stack.pop()]
                 for k, value_id in enumerate(q.operands):
-                    r = int(root[value_id])
+                    r = root_of[value_id]
                     p = producer[r]
                     if p >= 0 and r in ops[p].results and (candidate[p] or (
-                            category[p] == KernelClass.CHEAP and not materialized_cheap[p])):
+                            category[p] == _CHEAP and not cheap_stored[p])):
                         if p not in visited:
                             visited.add(p)
                             stack.append(p)
                         continue
-                    weight = value_bytes[q.results[0]] if (q.kind, k) in touched else value_bytes[r]
+                    weight = value_bytes(q.results[0]) if (q.kind, k) in touched else value_bytes(r)
                     if weight > inputs.get(r, 0.0):
                         total += weight - inputs.get(r, 0.0)
                         inputs[r] = weight
@@ -457,19 +485,31 @@ class KernelPlan:
                     return False
             return True
 
-        landing: list[frozenset[int]] = [frozenset((op.id,)) for op in ops]  # the kernels computing each op
+        # The kernels computing each op fused into its readers (any other op: its own).
+        landing: dict[int, set[int]] = {}
+
+        def landed_in(op_id: int) -> set[int]:
+            found: set[int] = set()
+            for u in readers_of[op_id]:
+                known = landing.get(u)
+                if known is None:
+                    found.add(u)
+                else:
+                    found |= known
+            return found
+
         for op in reversed(ops):  # consumers before producers
             if candidate[op.id]:
-                landed = frozenset().union(*(landing[u] for u in readers_of[op.id]))
+                landed = landed_in(op.id)
                 if len(landed) == 1 or duplication_pays(op.id, len(landed)):
                     fuses_into[op.id] = RECOMPUTED
                     landing[op.id] = landed
-            elif op.kind in self.semantics.library_reads_in_place and category[op.id] == KernelClass.FUSIBLE and \
-                    readers_of[op.id] and not escapes[int(root[op.results[0]])] and all(
+            elif op.kind in self.semantics.library_reads_in_place and category[op.id] == _FUSIBLE and \
+                    readers_of[op.id] and not escaped[root_of[op.results[0]]] and all(
                     (category[u] in _FUSES_INTO or category[u] in _CALLS) and scope[u] == scope[op.id]
                     for u in readers_of[op.id]):
                 fuses_into[op.id] = RECOMPUTED  # every reader reads the slice where it lies
-                landing[op.id] = frozenset().union(*(landing[u] for u in readers_of[op.id]))
+                landing[op.id] = landed_in(op.id)
         return fuses_into
 
     def _in_place_writes(self, root: np.ndarray, category: list[str], users: list[list[int]],
@@ -486,7 +526,7 @@ class KernelPlan:
                 update = int(root[op.operands[in_place_update[op.kind][1]]])
                 p = producer[update]
                 # A broadcast adding the slice's unit dims: look through it.
-                while p >= 0 and category[p] == KernelClass.CHEAP and not materialized_cheap[p] and \
+                while p >= 0 and category[p] == _CHEAP and not materialized_cheap[p] and \
                         len(ops[p].operands) == 1 and len(users[update]) == 1:
                     update = int(root[ops[p].operands[0]])
                     p = producer[update]
@@ -494,8 +534,8 @@ class KernelPlan:
                     continue
                 if category[p] in _CALLS and users[update] == [op.id]:
                     fuses_into[op.id] = IN_PLACE  # the call's result is written once, into the slice
-                elif fuses_into[p] in (KernelClass.FUSIBLE, KernelClass.REDUCTION, KernelClass.MATMUL,
-                                       KernelClass.LIBRARY):
+                elif fuses_into[p] in (_FUSIBLE, _REDUCTION, _MATMUL,
+                                       _LIBRARY):
                     fuses_into[op.id] = IN_PLACE
                     in_place_writes.append((p, op.id))
         return in_place_writes
@@ -518,7 +558,7 @@ class KernelPlan:
                 r = int(root[value_id])
                 p = producer[r]
                 if p >= 0 and r in ops[p].results and (fuses_into[p] == RECOMPUTED or (
-                        category[p] == KernelClass.CHEAP and not materialized_cheap[p])):
+                        category[p] == _CHEAP and not materialized_cheap[p])):
                     found |= inputs_of(p)
                 else:
                     found.add(r)
@@ -530,7 +570,7 @@ class KernelPlan:
         group_results: dict[int, set[int]] = {}
         buckets: dict[tuple, list[int]] = {}
         for op in ops:
-            if category[op.id] != KernelClass.REDUCTION or op.kind not in self.semantics.multi_output_fusible or \
+            if category[op.id] != _REDUCTION or op.kind not in self.semantics.multi_output_fusible or \
                     not op.operands:
                 continue
             mine = set(inputs_of(op.id))
@@ -561,25 +601,23 @@ class KernelPlan:
                       group: np.ndarray) -> None:
         """Sets ``kernels`` and ``kernel_of_op``."""
         ops = self.program.ops
-        forms_kernel = np.zeros(len(ops), dtype=bool)
-        for op in ops:
-            cat = fuses_into[op.id]
-            forms_kernel[op.id] = cat in _FORMS_KERNEL or (cat == KernelClass.CHEAP and materialized_cheap[op.id])
+        cheap_stored, group_of = materialized_cheap.tolist(), group.tolist()
         members: dict[int, list[int]] = {}
-        for op in ops:
-            if forms_kernel[op.id]:
-                members.setdefault(int(group[op.id]), []).append(op.id)
+        for op_id, cat in enumerate(fuses_into):
+            if cat in _FORMS_KERNEL or (cat == _CHEAP and cheap_stored[op_id]):
+                members.setdefault(group_of[op_id], []).append(op_id)
         ordered = sorted(members.values(), key=lambda m: m[-1])
-        kernel_of_op = np.full(len(ops), -1, dtype=np.int64)
+        kernel_at = [-1] * len(ops)
         kernels: list[Kernel] = []
         for index, group_ops in enumerate(ordered):
-            kernel_of_op[group_ops] = index
+            for o in group_ops:
+                kernel_at[o] = index
             kinds = {category[o] for o in group_ops}
             kind: str = next((k for k in _KERNEL_KINDS if k in kinds), FUSION)
             loop = self.enclosing_loop(group_ops[-1])
             kernels.append(Kernel(kind, tuple(group_ops), loop, self.repeats_in(loop)))
         self.kernels = tuple(kernels)
-        self.kernel_of_op = kernel_of_op
+        self.kernel_of_op = np.asarray(kernel_at, dtype=np.int64).reshape(-1)
 
     def _boundaries(self, root: np.ndarray, category: list[str], users: list[list[int]], escapes: np.ndarray,
                     materialized_cheap: np.ndarray, fuses_into: list[str],
@@ -589,6 +627,9 @@ class KernelPlan:
         kernels, kernel_of_op = self.kernels, self.kernel_of_op
         touched, in_place_update = self.semantics.touched_operand, self.semantics.in_place_update
         window_selection = self.semantics.window_selection
+        # Python lists of the arrays: looked up per operand below.
+        root_of, kernel_at, escaped = root.tolist(), kernel_of_op.tolist(), escapes.tolist()
+        cheap_stored = materialized_cheap.tolist()
         # Reads and writes at kernel boundaries.
         read_rows: dict[tuple[int, int], int] = {}
         write_rows: dict[tuple[int, int], int] = {}
@@ -596,10 +637,10 @@ class KernelPlan:
         scratch_rows: list[tuple[int, int, float]] = []
 
         def read(kernel: int, value_id: int, weight: int, seen: set[int]) -> None:
-            r = int(root[value_id])
+            r = root_of[value_id]
             p = producer[r]
             if p >= 0 and r in ops[p].results and (
-                    (category[p] == KernelClass.CHEAP and not materialized_cheap[p]) or fuses_into[p] == RECOMPUTED):
+                    (category[p] == _CHEAP and not cheap_stored[p]) or fuses_into[p] == RECOMPUTED):
                 if p in seen:
                     return
                 seen.add(p)
@@ -607,10 +648,10 @@ class KernelPlan:
                     sliced = (ops[p].kind, k) in touched
                     read(kernel, operand, ops[p].results[0] if sliced else operand, seen)
                 return
-            if p >= 0 and kernel_of_op[p] == kernel and r in ops[p].results:
+            if p >= 0 and kernel_at[p] == kernel and r in ops[p].results:
                 return  # made inside the kernel
             key = (kernel, r)
-            full = int(root[weight]) == r
+            full = root_of[weight] == r
             if key not in read_rows or full:
                 read_rows[key] = r if full else weight
 
@@ -625,13 +666,13 @@ class KernelPlan:
                     weight = op.results[0] if (op.kind, k) in touched else value_id
                     read(index, value_id, weight, seen)
                 if target >= 0:
-                    write_rows[(index, int(root[op.results[0]]))] = op.operands[update]
+                    write_rows[(index, root_of[op.results[0]])] = op.operands[update]
                     continue
                 for value_id in op.results:
-                    outside = escapes[value_id] or any(kernel_of_op[u] != index for u in users[value_id])
+                    outside = escaped[value_id] or any(kernel_at[u] != index for u in users[value_id])
                     if outside:
                         write_rows.setdefault((index, value_id), value_id)
-                if self.op_class[op_id] == KernelClass.SCATTER:
+                if self.op_class[op_id] == _SCATTER:
                     inputs = (len(op.operands) - 1) // 2
                     scatter_rows.extend((index, u) for u in op.operands[inputs + 1:])
                 elif op.kind in window_selection and len(op.operands) > window_selection[op.kind][0]:
@@ -641,10 +682,10 @@ class KernelPlan:
                     bits = max(program.values[gradient].bits, 1)
                     scratch_rows.append((index, gradient, (1 + rank) * SELECTION_BITS / bits))
         for maker, update_op in in_place_writes:
-            writer = int(kernel_of_op[maker])
+            writer = kernel_at[maker]
             if writer >= 0:
                 update = in_place_update[ops[update_op].kind][1]
-                write_rows[(writer, int(root[ops[update_op].results[0]]))] = ops[update_op].operands[update]
+                write_rows[(writer, root_of[ops[update_op].results[0]])] = ops[update_op].operands[update]
         self.reads = _rows(read_rows)
         self.writes = _rows(write_rows)
         scatter = np.asarray(scatter_rows, dtype=np.int64).reshape(-1, 2)
@@ -667,7 +708,7 @@ class KernelPlan:
         window_selection = self.semantics.window_selection
         splat_of = {}  # value id -> splat text, for constants (cheap ops of no operand)
         for op in ops:
-            cheap = op_class[op.id] == KernelClass.CHEAP
+            cheap = op_class[op.id] == _CHEAP
             splat = op.attr("splat") if cheap and not op.operands and op.results else None
             if splat is not None:
                 splat_of[op.results[0]] = splat
@@ -684,7 +725,7 @@ class KernelPlan:
         first: dict[tuple, int] = {}  # key -> the first equal broadcast's result
         remap = np.arange(len(root), dtype=np.int64)
         for op in ops:
-            if op_class[op.id] != KernelClass.CHEAP or not op.operands:  # a broadcast
+            if op_class[op.id] != _CHEAP or not op.operands:  # a broadcast
                 continue
             result = program.values[op.results[0]]
             key = (self.scope[op.id], splat_of.get(int(root[op.operands[0]])), result.shape, result.dtype)
@@ -740,42 +781,40 @@ class KernelPlan:
 
     def _live_ranges(self, users, escapes, materialized_cheap, category):
         program, ops = self.program, self.program.ops
-        kernel_of_op = self.kernel_of_op
+        # Python lists of the arrays: looked up per op below.
+        kernel_at, root_of, cheap_stored = self.kernel_of_op.tolist(), self.root.tolist(), materialized_cheap.tolist()
         last = len(self.kernels)
         # The position an op reads its operands at: its kernel; a loop or branch reads them over its whole
         # body (the last kernel inside it); a view or terminator at the position of whatever uses it next.
-        span_end = np.full(len(ops), -1, dtype=np.int64)
+        span_end = [-1] * len(ops)
         for op in reversed(ops):
-            end = int(kernel_of_op[op.id])
-            span_end[op.id] = max(span_end[op.id], end)
+            end = max(span_end[op.id], kernel_at[op.id])
+            span_end[op.id] = end
             if op.parent is not None:
                 parent = op.parent[0]
-                span_end[parent] = max(span_end[parent], span_end[op.id])
-        position = np.full(len(ops), -1, dtype=np.int64)
-        for op in ops:
-            k = int(kernel_of_op[op.id])
-            position[op.id] = k if k >= 0 else span_end[op.id]
+                span_end[parent] = max(span_end[parent], end)
+        position = [k if k >= 0 else end for k, end in zip(kernel_at, span_end, strict=True)]
         # A region's terminator hands its operands on: they live to the end of the enclosing op.
         for op in ops:
             if op.kind in TERMINATORS and op.parent is not None:
                 position[op.id] = span_end[op.parent[0]]
         born = {}
         dies = {}
-        arguments = {int(self.root[v]) for v in program.arguments}
-        results = {int(self.root[v]) for v in program.results}
+        arguments = {root_of[v] for v in program.arguments}
+        results = {root_of[v] for v in program.results}
         for op in ops:
-            k = int(kernel_of_op[op.id])
-            if k < 0 or (category[op.id] == KernelClass.CHEAP and not materialized_cheap[op.id]):
+            k = kernel_at[op.id]
+            if k < 0 or (category[op.id] == _CHEAP and not cheap_stored[op.id]):
                 continue
             for value_id in op.results:
-                r = int(self.root[value_id])
+                r = root_of[value_id]
                 if r == value_id or r not in born:
                     born.setdefault(r, k)
         # A value fetched from the host is a buffer of its own from the first kernel after the fetch in program
         # order, which its copy overlaps (``Transfer``: a fetch starts where the program reaches it).
         last_ops = [k.ops[-1] for k in self.kernels]
         for op_id, _, value_id, to_host in self._placements:
-            r = int(self.root[value_id])
+            r = root_of[value_id]
             if not to_host and r not in born:
                 born[r] = min(bisect.bisect_left(last_ops, op_id), max(last - 1, 0))
         for value_id in arguments:
@@ -788,8 +827,8 @@ class KernelPlan:
         for r in list(born):
             end = max(born[r], last_read.get(r, -1))
             for u in users[r]:
-                if kernel_of_op[u] < 0 and category[u] in HANDS_ON:
-                    end = max(end, int(position[u]))
+                if kernel_at[u] < 0 and category[u] in HANDS_ON:
+                    end = max(end, position[u])
             dies[r] = end
         # Arguments live for the whole step. A result lives from the kernel that makes it to the end: XLA's
         # buffer assignment (MaybeAssignBuffer) gives it the allocation of a temporary whose live range ended
@@ -806,11 +845,11 @@ class KernelPlan:
 
 
 def _rows(rows: dict[tuple[int, int], int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    ordered = sorted(rows.items())
-    kernel = np.asarray([k for (k, _), _ in ordered], dtype=np.int64)
-    value = np.asarray([v for (_, v), _ in ordered], dtype=np.int64)
-    weight = np.asarray([w for _, w in ordered], dtype=np.int64)
-    return kernel, value, weight
+    """``(kernel, value, weight)`` arrays of ``(kernel, value) -> weight`` rows, in ``(kernel, value)`` order."""
+    table = np.asarray([(k, v, w) for (k, v), w in rows.items()], dtype=np.int64).reshape(-1, 3)
+    table = table[np.lexsort((table[:, 1], table[:, 0]))]  # keys are distinct: the order sorted() gives
+    return (np.ascontiguousarray(table[:, 0]), np.ascontiguousarray(table[:, 1]),
+            np.ascontiguousarray(table[:, 2]))
 
 
 def kernel_counts(plan: KernelPlan) -> dict[str, int]:

@@ -94,8 +94,9 @@ class LoopOverlap:
     def _varying(program, nest: LoopNest) -> np.ndarray:
         """``bool[values]``: made, in its loop's body, from what the loop changes from one iteration to the next
         (a carried tensor the body returns changed; not the scalar counter, not a passed-through stack)."""
-        ops, values, loop_of_value = program.ops, program.values, nest.loop_of_value
-        varying = np.zeros(len(values), dtype=bool)
+        ops, values = program.ops, program.values
+        loop_of_value = nest.loop_of_value.tolist()  # a list: looked up per operand below
+        varying = [False] * len(values)
         returned: dict[tuple[int, int], tuple[int, ...]] = {}
         for op in ops:
             if op.kind in TERMINATORS and op.parent is not None:
@@ -113,10 +114,12 @@ class LoopOverlap:
                         varying[arg] = varying[operand] and loop_of_value[operand] == loop_of_value[arg]
             if op.results and op.operands:
                 # From a varying operand of the same loop's body (one made outside it is invariant here).
-                made_here = [varying[v] and loop_of_value[v] == loop_of_value[op.results[0]] for v in op.operands]
-                if any(made_here) or (op.id in nest.loops and any(varying[v] for v in op.operands)):
-                    varying[list(op.results)] = True
-        return varying
+                here = loop_of_value[op.results[0]]
+                if any(varying[v] and loop_of_value[v] == here for v in op.operands) or (
+                        op.id in nest.loops and any(varying[v] for v in op.operands)):
+                    for value_id in op.results:
+                        varying[value_id] = True
+        return np.asarray(varying, dtype=bool).reshape(-1)
 
     @staticmethod
     def _feeds_carry(program, nest: LoopNest, loop_of_op: np.ndarray, keeps_elements: frozenset[str]) -> np.ndarray:
@@ -132,12 +135,12 @@ class LoopOverlap:
         feeds = np.zeros(len(values), dtype=bool)
         # Backwards in program order, a value's users come first (a call's arguments after its body); a call's
         # results come before its return, so the pass repeats (once per level of nested calls) until nothing
-        # changes.
+        # changes. Only the ops in loops (and the loops) take part.
+        in_loop = loop_of_op.tolist()
+        looped = [op for op in reversed(ops) if in_loop[op.id] >= 0 or op.id in nest.loops]
         for _ in range(8):
             before = feeds.copy()
-            for op in reversed(ops):
-                if loop_of_op[op.id] < 0 and op.id not in nest.loops:
-                    continue
+            for op in looped:
                 for value_id in (*op.results, *(v for args in op.regions for v in args)):
                     found = users.get(value_id, [])
                     feeds[value_id] = bool(found) and all(

@@ -129,7 +129,9 @@ def _delta(plan: CostPlan, positions: list[np.ndarray], weights: list[np.ndarray
     count = len(plan.kernel_plan.kernels) + 3
     if not positions:
         return np.zeros(count, dtype=np.int64)
-    return np.bincount(np.concatenate(positions), weights=np.concatenate(weights), minlength=count).astype(np.int64)
+    # The weights joined as float64 at once, not joined as int64 and copied to float64 by bincount.
+    return np.bincount(np.concatenate(positions), weights=np.concatenate(weights, dtype=np.float64),
+                       minlength=count).astype(np.int64)
 
 
 def _buffer_events(plan: CostPlan, sizes: np.ndarray) -> Events:
@@ -142,16 +144,22 @@ def _live_events(plan: CostPlan, collectives: CollectiveTable, group_of_row: np.
     """``live_delta``'s events but the buffers'."""
     memory = plan.memory
     # A use's steps (an all-gather per dim, then an all-to-all) leave one copy: its last step's output (the
-    # ones before are consumed by the next step at once). Each halo is a buffer of its own.
+    # ones before are consumed by the next step at once): where the next row is another op's or operand's (an op's
+    # operand is one value; a partial result's operand, -1, no use's). Each halo is a buffer of its own.
     op, operand, value = collectives.op, collectives.operand, collectives.value
-    halo = collectives.kind == COLLECTIVE_PERMUTE
-    last_step = halo.copy()
+    last_step = np.empty(len(op), dtype=bool)
     last_step[-1:] = True
-    last_step[:-1] |= (op[1:] != op[:-1]) | (operand[1:] != operand[:-1]) | (value[1:] != value[:-1]) | halo[1:]
-    uses = (operand >= 0) & last_step
-    used_by, copy_bytes = op[uses], collectives.bytes_out[uses]
-    last_user = np.maximum(collectives.last_op[uses], used_by)
-    if value_bytes is not None and halo.any():
+    np.not_equal(op[1:], op[:-1], out=last_step[:-1])
+    last_step[:-1] |= operand[1:] != operand[:-1]
+    halo = collectives.kind == COLLECTIVE_PERMUTE
+    halos = bool(halo.any())
+    if halos:
+        last_step |= halo
+        last_step[:-1] |= halo[1:]
+    uses = ((operand >= 0) & last_step).nonzero()[0]
+    used_by, copy_bytes = op.take(uses), collectives.bytes_out.take(uses)
+    last_user = np.maximum(collectives.last_op.take(uses), used_by)
+    if value_bytes is not None and halos:
         # The widened operand: once per op and operand exchanging halos (its low and high rows are adjacent).
         first_halo = halo.copy()
         first_halo[1:] &= ~(halo[:-1] & (op[1:] == op[:-1]) & (operand[1:] == operand[:-1]))
@@ -172,8 +180,8 @@ def reduction_events(plan: CostPlan, collectives: CollectiveTable, group_of_row:
     ``group_of_row``: each streamed row's combining group, as the step time found them (else found here)."""
     schedule = plan.schedule
     kind = collectives.kind
-    rows = (plan.collectives.moves.take(collectives.axes_mask) & (collectives.operand < 0)
-            & _REDUCTION.take(kind)).nonzero()[0]
+    rows = (_REDUCTION.take(kind) & (collectives.operand < 0)
+            & plan.collectives.moves.take(collectives.axes_mask)).nonzero()[0]
     if not len(rows):
         return [], []
     op, result_bytes = collectives.op.take(rows), collectives.bytes_out.take(rows)
@@ -181,6 +189,11 @@ def reduction_events(plan: CostPlan, collectives: CollectiveTable, group_of_row:
     if group_of_row is not None:
         # The groups the step time found: -1 (none) on a loop body's rows, which run there, one at a time.
         group = group_of_row.take(rows)
+        if len(group) > 1 and group.min() >= 0:  # every row in a group (no loop body's)
+            last = np.zeros(int(group.max()) + 1, dtype=np.int64)
+            np.maximum.at(last, group, position)
+            position = last.take(group)
+            return [position, position + 1], [result_bytes, -result_bytes]
         grouped = (group >= 0).nonzero()[0]
         if len(grouped) > 1:
             group = group.take(grouped)

@@ -67,7 +67,7 @@ import numpy as np
 
 from toast.cost import class_table
 from toast.cost.class_table import ClassTable
-from toast.cost.collectives import ALL_GATHER, Collective, CommunicationModel
+from toast.cost.collectives import ALL_GATHER, Collective, CollectiveTable, CommunicationModel
 from toast.cost.hardware import Hardware
 from toast.cost.kernels import KernelPlan
 from toast.cost.loops import LoopOverlap
@@ -86,6 +86,7 @@ from toast.cost.pricing import (
 )
 from toast.cost.schedule import (
     by_labels,
+    combine,
     combine_groups,
     combine_groups_fast,
     host_transfers,
@@ -95,7 +96,8 @@ from toast.cost.schedule import (
 )
 from toast.sharding.state import NamePartition, ShardingModel, ShardingState
 
-__all__ = ["BREAKDOWN_KEYS", "AbsoluteCost", "Cost", "CostModel", "LiveBuffer", "absolute_cost"]
+__all__ = ["BREAKDOWN_KEYS", "AbsoluteCost", "Cost", "CostModel", "LiveBuffer", "PricedRows", "absolute_cost",
+           "priced_rows", "scheduled_cost", "step_time_bound"]
 
 BREAKDOWN_KEYS = ("compute_bound_s", "memory_bound_s", "launch_overhead_s", "exposed_communication_s",
                   "hidden_communication_s", "exposed_host_transfer_s", "hidden_host_transfer_s")
@@ -162,7 +164,50 @@ def absolute_cost(plan: CostPlan, state: ShardingState, *, collectives: bool = T
     nothing beyond rounding). ``collectives=False`` leaves ``AbsoluteCost.collectives`` empty; ``moves``:
     ``toast.cost.pricing.kernel_moves`` of ``state.partition`` (made here when not given); ``classes``: the
     ``ClassTable`` of ``state.partition``, which finds the collectives with ``plan.reuse`` (else every name is
-    read)."""
+    read). The same as ``scheduled_cost`` of ``priced_rows``: the two halves, for a caller that may not need the
+    second (``step_time_bound``)."""
+    return scheduled_cost(plan, priced_rows(plan, state, moves=moves, classes=classes), collectives=collectives)
+
+
+class PricedRows(NamedTuple):
+    """A state priced up to its schedule (``priced_rows``): its kernels' seconds, its collectives (those in loop
+    bodies and those folded into matmuls already on the compute stream's items), the combiners' groups of the
+    others, and its peak. ``scheduled_cost`` runs the streams on them; ``step_time_bound`` bounds the step time
+    from below without running them."""
+
+    state: ShardingState
+    seconds: np.ndarray  # float64[kernels]: one launch of each kernel, seconds
+    item_time: np.ndarray  # float64[items]: each top-level item's seconds on the compute stream
+    busy_compute: float  # seconds of the kernels bound by FLOPs or atomics, over the step
+    busy_memory: float  # seconds of the kernels bound by bytes, over the step
+    overheads: float  # launch overheads over the step, seconds
+    table: CollectiveTable  # the state's collectives as the partitioner emits them
+    value_bytes: np.ndarray  # int64[values]: each value's bytes on one device (``_UNREAD``: nothing reads them)
+    axes_mask: np.ndarray  # int64[moving rows]: the mesh axes of each collective that moves bytes
+    in_loop: np.ndarray  # bool[moving rows]: it runs in a loop body
+    loop_masks: np.ndarray  # int64[loop rows]: the loop bodies' collectives' axes
+    repeated: np.ndarray  # float64[loop rows]: their seconds over the step
+    loop_exposed: np.ndarray  # float64[loop rows]: the part of those the compute stream waits for
+    in_loops: float  # the loop bodies' exposed seconds (folded ones' added by ``scheduled_cost``), one micro-batch
+    loop_hidden: float  # the loop bodies' hidden seconds, every micro-batch
+    folded: np.ndarray | None  # bool[moving rows]: folded into a matmul (None: none is)
+    folded_seconds: np.ndarray  # float64[folded]: their seconds
+    folded_exposed: np.ndarray  # float64[folded]: the part of those exposed
+    values: np.ndarray  # int64[streamed]: the value each collective on the communication stream moves
+    is_use: np.ndarray  # bool[streamed]: a use's resharding (else the reduction of a partial result)
+    kind: np.ndarray  # int64[streamed]: its kind
+    masks: np.ndarray  # int64[streamed]: its mesh axes
+    nbytes: np.ndarray  # float64[streamed]: its bytes
+    ready: np.ndarray  # int64[streamed]: the item after which its operand is ready
+    consumer: np.ndarray  # int64[streamed]: the item that needs its result
+    group: np.ndarray | None  # int64[streamed]: its combiners' group (None: no two combine)
+    peak: int  # peak memory per device, bytes
+
+
+def priced_rows(plan: CostPlan, state: ShardingState, *, moves: KernelMoves | None = None,
+                classes: ClassTable | None = None) -> PricedRows:
+    """``absolute_cost``'s work before the streams are scheduled (its arguments as there): the kernels, the
+    collectives and their combiners' groups, the peak memory."""
     pricing, schedule, hardware, microbatches = plan.pricing, plan.schedule, plan.hardware, plan.microbatches
     communication_model = plan.communication
     # Collectives found per class of alike ops and values where the state is built on the classes' partition;
@@ -247,7 +292,6 @@ def absolute_cost(plan: CostPlan, state: ShardingState, *, collectives: bool = T
     threshold = hardware.combine_threshold
     groups = combine_groups_fast if plan.reuse else combine_groups  # the same groups
     group = groups(threshold, streamed_kind, streamed_masks, streamed_bytes, ready, consumer)
-    streams = [stream(plan, item_time, streamed_kind, streamed_masks, streamed_bytes, ready, consumer, group)]
     # The same groups for the memory of the reductions combined (each row its own group where none combine; -1
     # on the loop bodies' rows).
     streamed_group = group if group is not None else np.arange(len(streamed_kind))
@@ -258,8 +302,42 @@ def absolute_cost(plan: CostPlan, state: ShardingState, *, collectives: bool = T
         group_of_row[np.flatnonzero(moving)[streamed]] = streamed_group
         if folded is not None:  # each its own group
             group_of_row[np.flatnonzero(moving)[folded]] = np.arange(folded.sum()) + int(group_of_row.max()) + 1
+    buffers = None
+    if per_class and moves is not None and class_bytes is not None:  # the buffers' bytes per cell of alike ones
+        position, byte_class, count = moves.buffer_cells
+        buffers = ([position], [class_bytes.take(byte_class) * count])
+    peak = peak_memory(plan, table, value_bytes, group_of_row, buffers=buffers)
+    return PricedRows(state, seconds, item_time, busy_compute, busy_memory, overheads, table, value_bytes, axes_mask,
+                      in_loop, loop_masks, repeated, loop_exposed, in_loops, loop_hidden, folded, folded_seconds,
+                      folded_exposed, values, is_use, streamed_kind, streamed_masks, streamed_bytes, ready, consumer,
+                      group, peak)
+
+
+def step_time_bound(plan: CostPlan, rows: PricedRows) -> float:
+    """A lower bound of the step time ``scheduled_cost`` gives ``rows``, seconds, without scheduling the streams:
+    each stream's makespan is at least the compute stream's busy time and at least the communication stream's
+    (its combined collectives back to back); the host link's copies add nothing here. Within rounding (1e-12
+    relative, ``absolute_cost``): a search compares it to scores with a margin."""
+    microbatches, hardware = plan.microbatches, plan.hardware
+    kind, masks, nbytes, _, _ = combine(rows.kind, rows.masks, rows.nbytes, rows.ready, rows.consumer, rows.group)
+    communication = sequential_sum(collective_durations(plan.collectives, kind, masks, nbytes))
+    bound = hardware.step_overhead + max(float(rows.item_time.sum()), communication)
+    if microbatches > 1:  # the micro-batches before the last: at least their compute
+        bound += (microbatches - 1) * float(np.where(plan.schedule.update_items, 0.0, rows.item_time).sum())
+    return bound
+
+
+def scheduled_cost(plan: CostPlan, rows: PricedRows, *, collectives: bool = True) -> AbsoluteCost:
+    """``absolute_cost``'s second half: the streams scheduled on ``rows`` (``priced_rows``), the step time and the
+    rest of the cost."""
+    schedule, hardware, microbatches = plan.schedule, plan.hardware, plan.microbatches
+    (_, seconds, item_time, busy_compute, busy_memory, overheads, table, value_bytes, axes_mask, in_loop, loop_masks,
+     repeated, loop_exposed, in_loops, loop_hidden, folded, folded_seconds, folded_exposed, values, is_use,
+     streamed_kind, streamed_masks, streamed_bytes, ready, consumer, group, peak) = rows
+    streams = [stream(plan, item_time, streamed_kind, streamed_masks, streamed_bytes, ready, consumer, group)]
     runs = [1.0]
     if microbatches > 1:
+        groups, threshold = combine_groups_fast if plan.reuse else combine_groups, hardware.combine_threshold
         # The micro-batches before the last: no optimizer, no gradient reduction (gradients accumulate).
         accumulating = ~(schedule.gradient_value[values] & ~is_use)
         mb_time = np.where(schedule.update_items, 0.0, item_time)
@@ -307,12 +385,7 @@ def absolute_cost(plan: CostPlan, state: ShardingState, *, collectives: bool = T
     breakdown["exposed_host_transfer_s"] = host_exposed
     breakdown["hidden_host_transfer_s"] = host_hidden
     step = step + host_exposed
-    buffers = None
-    if per_class and moves is not None and class_bytes is not None:  # the buffers' bytes per cell of alike ones
-        position, byte_class, count = moves.buffer_cells
-        buffers = ([position], [class_bytes.take(byte_class) * count])
-    peak = peak_memory(plan, table, value_bytes, group_of_row, buffers=buffers)
-    listed = communication_model.to_list(table) if collectives else []
+    listed = plan.communication.to_list(table) if collectives else []
     folded_count = int(np.count_nonzero(folded)) if folded is not None else 0
     launched = len(streams[0][2]) + int(np.count_nonzero(in_loop)) + folded_count
     return AbsoluteCost(step, compute_busy - in_loops, breakdown, communication, peak, listed, by_level,
@@ -443,7 +516,24 @@ class CostModel:
     def evaluate(self, state: ShardingState, *, collectives: bool = True) -> Cost:
         """The cost of ``state``, relative to the unsharded program; ``collectives=False`` leaves
         ``Cost.collectives`` empty (a search needs only the numbers, and listing them costs time)."""
-        absolute = self._absolute(state, collectives=collectives)
+        return self._relative(self._absolute(state, collectives=collectives))
+
+    def priced_rows(self, state: ShardingState) -> PricedRows:
+        """``state`` priced up to its schedule (``toast.cost.model.priced_rows``): its peak, and what
+        ``step_time_bound`` and ``evaluate_rows`` need."""
+        classes = self.classes(state.partition) if state.partition is not None else None
+        return priced_rows(self.cost_plan, state, moves=self._moves_of(state), classes=classes)
+
+    def step_time_bound(self, rows: PricedRows) -> float:
+        """A lower bound of the step time of ``rows``' state, seconds (``toast.cost.model.step_time_bound``):
+        about half the work of ``evaluate``, for a search that only needs to know a state is worse than another."""
+        return step_time_bound(self.cost_plan, rows)
+
+    def evaluate_rows(self, rows: PricedRows, *, collectives: bool = True) -> Cost:
+        """``evaluate`` of ``rows``' state, from its ``priced_rows`` (the same ``Cost``)."""
+        return self._relative(scheduled_cost(self.cost_plan, rows, collectives=collectives))
+
+    def _relative(self, absolute: AbsoluteCost) -> Cost:
         initial_time, initial_peak = self.initial.step_time_s, self.initial.peak_bytes
         step, peak = absolute.step_time_s, absolute.peak_bytes
         relative = step / initial_time if initial_time > 0 else 1.0

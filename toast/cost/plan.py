@@ -16,7 +16,6 @@ The plan's parts, each a frozen dataclass of arrays:
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -279,8 +278,8 @@ def _kernel_pricing(model: ShardingModel, hardware: Hardware, plan: KernelPlan) 
     analysis = model.analysis
     program = analysis.program
     repeats = np.asarray([k.repeats for k in plan.kernels], dtype=np.float64)
-    is_library = np.asarray([k.kind in (KernelClass.MATMUL, KernelClass.LIBRARY) for k in plan.kernels],
-                            dtype=bool)
+    library = (KernelClass.MATMUL, KernelClass.LIBRARY)  # looked up once: an enum member lookup is slow
+    is_library = np.asarray([k.kind in library for k in plan.kernels], dtype=bool)
     overhead = np.where(is_library, hardware.matmul_overhead, hardware.kernel_overhead)
     bandwidth = hardware.hbm_bandwidth * hardware.hbm_efficiency
     # The names whose local sizes multiply into each op's FLOPs: the rules' flop_name (contractions,
@@ -327,16 +326,17 @@ def _schedule(model: ShardingModel, plan: KernelPlan, microbatches: int) -> Sche
     program = model.analysis.program
     kernel_count = len(plan.kernels)
     # Top-level schedule: each kernel outside loops is an item; a top-level loop is one item.
-    top_of_kernel = np.empty(kernel_count, dtype=np.int64)
+    outer_of_kernel = [plan.outermost_loop(kernel.ops[-1]) for kernel in plan.kernels]
+    top_of: list[int] = []
     item_keys: list[tuple[str, int]] = []
     item_index: dict[tuple[str, int], int] = {}
-    for k, kernel in enumerate(plan.kernels):
-        outer = plan.outermost_loop(kernel.ops[-1])
+    for k, outer in enumerate(outer_of_kernel):
         key = ("loop", outer) if outer >= 0 else ("kernel", k)
         if key not in item_index:
             item_index[key] = len(item_keys)
             item_keys.append(key)
-        top_of_kernel[k] = item_index[key]
+        top_of.append(item_index[key])
+    top_of_kernel = np.asarray(top_of, dtype=np.int64).reshape(-1)
     item_count = len(item_keys)
     # The item an op's work belongs to (ops without a kernel: the next kernel's item).
     next_kernel = _next_kernel(plan)
@@ -350,7 +350,7 @@ def _schedule(model: ShardingModel, plan: KernelPlan, microbatches: int) -> Sche
     consumer_item_of_op, first_reader, ready_item, first_reader_of_value = _readers(
         program, plan, top_of_kernel, item_count, item_of_op)
     update_items, kernel_runs, gradient_value = _microbatches(model, plan, microbatches, top_of_kernel, item_count)
-    outer_loop_of_kernel, transfer_loops = _host_transfer_loops(plan, top_of_kernel)
+    outer_loop_of_kernel, transfer_loops = _host_transfer_loops(plan, top_of_kernel, outer_of_kernel)
     runs = item_runs(program, plan, top_of_kernel, item_count)
     return Schedule(top_of_kernel, item_count, item_of_op, op_in_loop, op_repeats, consumer_item_of_op, first_reader,
                     ready_item, first_reader_of_value, update_items, kernel_runs, gradient_value,
@@ -361,42 +361,47 @@ def _readers(program: Program, plan: KernelPlan, top_of_kernel: np.ndarray, item
              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per op and per buffer: the item that needs what it reads, that first reads it, that makes it, and the
     first reader per value: ``(consumer_item_of_op, first_reader, ready_item, first_reader_of_value)``."""
-    ops, kernel_of_op = program.ops, plan.kernel_of_op
-
-    def producer_item(value_id: int) -> int:
-        p = program.producer[value_id]
-        return int(item_of_op[p]) if p >= 0 else -1
-
+    ops, producer, op_class = program.ops, program.producer, plan.op_class
+    # Python lists of the arrays: looked up per read and per op below.
+    kernel_at, item_at, root_of = plan.kernel_of_op.tolist(), item_of_op.tolist(), plan.root.tolist()
+    top_of = top_of_kernel.tolist()
     # The item that first reads each buffer (partial results wait there for their all-reduce): the first
     # kernel that loads it (a transpose or reshape of a weight gradient has no kernel of its own: the kernel
     # reading through it is the reader), or a loop, branch or terminator that hands it on.
-    first_reader = np.full(len(program.values), item_count, dtype=np.int64)
+    first_read = [item_count] * len(program.values)
     read_kernel, read_value, _ = plan.reads
-    readers = [(int(top_of_kernel[k]), int(plan.root[v])) for k, v in zip(read_kernel.tolist(),
-                                                                         read_value.tolist(), strict=True)]
-    readers.extend((int(item_of_op[op.id]), int(plan.root[value_id])) for op in ops
-                   if kernel_of_op[op.id] < 0 and plan.op_class[op.id] in HANDS_ON for value_id in op.operands)
+    readers = [(top_of[k], root_of[v]) for k, v in zip(read_kernel.tolist(), read_value.tolist(), strict=True)]
+    readers.extend((item_at[op.id], root_of[value_id]) for op in ops
+                   if kernel_at[op.id] < 0 and op_class[op.id] in HANDS_ON for value_id in op.operands)
     reader_items: dict[int, list[int]] = {}
     for item, r in readers:
-        if item > producer_item(r):
-            first_reader[r] = min(first_reader[r], item)
+        p = producer[r]
+        if item > (item_at[p] if p >= 0 else -1):  # after the item making it
+            first_read[r] = min(first_read[r], item)
             reader_items.setdefault(r, []).append(item)
+    first_reader = np.asarray(first_read, dtype=np.int64).reshape(-1)
     # The item that needs what an op reads: its own; for an op without a kernel (a view, or a cheap op
     # recomputed in its readers) the first kernel from there on that reads its results' or its operands'
-    # buffers (use collectives are due there, not at the next kernel).
+    # buffers (use collectives are due there, not at the next kernel). In numpy: each (buffer, reader item) is a
+    # key buffer x stride + item (items run to item_count), sorted; an op's buffer's first reader from its item on
+    # is the first key at or after buffer x stride + its item, if that key is the buffer's.
+    stride = item_count + 1
+    keys = np.unique(np.fromiter((r * stride + item for r, items in reader_items.items() for item in items),
+                                 dtype=np.int64))
+    without_kernel = np.fromiter((k < 0 and c not in HANDS_ON for k, c in zip(kernel_at, op_class, strict=True)),
+                                 dtype=bool, count=len(ops))
+    chosen = [ops[o] for o in np.flatnonzero(without_kernel).tolist()]
+    counts = np.fromiter((len(op.results) + len(op.operands) for op in chosen), dtype=np.int64, count=len(chosen))
+    read = np.asarray(plan.root, dtype=np.int64)[np.fromiter(
+        (v for op in chosen for v in (*op.results, *op.operands)), dtype=np.int64, count=int(counts.sum()))]
+    asking = np.repeat(np.flatnonzero(without_kernel), counts)  # the op of each (op, buffer read) pair
+    query = read * stride + item_of_op[asking]
+    at = np.searchsorted(keys, query)
+    found = keys[np.minimum(at, len(keys) - 1)] if len(keys) else np.full(len(query), -1, dtype=np.int64)
+    due = np.where((at < len(keys)) & (found // stride == read), found % stride, item_count)
     consumer_item_of_op = item_of_op.copy()
-    sorted_readers = {r: sorted(set(items)) for r, items in reader_items.items()}
-    for op in ops:
-        if kernel_of_op[op.id] >= 0 or plan.op_class[op.id] in HANDS_ON:
-            continue
-        earliest = int(item_of_op[op.id])
-        due = item_count
-        for value_id in (*op.results, *op.operands):
-            items = sorted_readers.get(int(plan.root[value_id]), [])
-            at = bisect.bisect_left(items, earliest)
-            if at < len(items):
-                due = min(due, items[at])
-        consumer_item_of_op[op.id] = due
+    consumer_item_of_op[without_kernel] = item_count
+    np.minimum.at(consumer_item_of_op, asking, due)
     # Per value (through its buffer's root): the item that makes it (-1: an argument), the first reader.
     root = np.asarray(plan.root, dtype=np.int64)
     made_by = np.asarray(program.producer, dtype=np.int64)[root]
@@ -438,11 +443,11 @@ def _microbatches(model: ShardingModel, plan: KernelPlan, microbatches: int, top
     return update_items, kernel_runs, gradient_value
 
 
-def _host_transfer_loops(plan: KernelPlan, top_of_kernel: np.ndarray
+def _host_transfer_loops(plan: KernelPlan, top_of_kernel: np.ndarray, outer_of_kernel: list[int]
                          ) -> tuple[np.ndarray, dict[int, tuple[int, int, np.ndarray]]]:
-    """Each kernel's top-level loop, and per top-level loop holding copies between device and host memory
-    (``KernelPlan.transfers``) its item, its trip count and its body's kernels in order."""
-    outer_loop_of_kernel = np.asarray([plan.outermost_loop(k.ops[-1]) for k in plan.kernels], dtype=np.int64)
+    """Each kernel's top-level loop (``outer_of_kernel``, as an array), and per top-level loop holding copies between
+    device and host memory (``KernelPlan.transfers``) its item, its trip count and its body's kernels in order."""
+    outer_loop_of_kernel = np.asarray(outer_of_kernel, dtype=np.int64).reshape(-1)
     transfer_loops: dict[int, tuple[int, int, np.ndarray]] = {}
     for transfer in plan.transfers:
         if transfer.loop >= 0 and transfer.loop not in transfer_loops:

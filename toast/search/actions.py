@@ -44,11 +44,24 @@ from dataclasses import dataclass
 import numpy as np
 
 from toast.errors import ToastError
-from toast.sharding.state import Action, InvalidState, NamePartition, ShardingModel, ShardingState, ShardNodes
-from toast.sharding.strategies import stored_nodes, update_chains
+from toast.sharding.state import Action, InvalidState, NamePartition, ShardingModel, ShardingState, ShardNodes, distinct
+from toast.sharding.strategies import parameter_nodes, store_parameter_nodes, update_chains
 
 # More resolution bits than this on one class: only all-0 and all-1 orders are offered (2^bits would explode).
 MAX_ENUMERATED_BITS = 4
+# A space of at most this many atoms steps on Python ints (``ActionSpace.step``); more: on arrays.
+FEW_ATOMS = 256
+
+
+def distinct_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``np.unique(values, return_index=True, return_inverse=True)`` of a 1-D integer array, by a stable argsort
+    (as ``distinct``): the distinct values ascending, each one's first index, each value's index among them."""
+    order = np.argsort(values, kind="stable")
+    ordered = values[order]
+    new = np.concatenate(([True], ordered[1:] != ordered[:-1])) if len(ordered) else np.zeros(0, dtype=bool)
+    inverse = np.empty(len(values), dtype=np.int64)
+    inverse[order] = np.cumsum(new) - 1
+    return ordered[new], order[new], inverse
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,17 +123,23 @@ def colors_sharing_a_tensor(model: ShardingModel) -> list[set[int]]:
     """For each color, the other colors whose names sit in one tensor with one of its names (at a definition
     or a use): one action can never shard both along one axis."""
     color_of = np.asarray(model.analysis.color_of, dtype=np.int64)
-    count = len(color_of)
-    site_of = np.searchsorted(model.site_starts, np.arange(count), side="right") - 1
+    colors = len(model.analysis.colors)
+    site_of = np.searchsorted(model.site_starts, np.arange(len(color_of)), side="right") - 1
     keep = site_of >= 0
-    # Distinct (site, color) pairs, sorted by site: a site's colors are then contiguous.
-    pairs = np.unique(np.stack([site_of[keep], color_of[keep]], axis=1), axis=0)
-    sharing: list[set[int]] = [set() for _ in range(len(model.analysis.colors))]
+    # Distinct (site, color) pairs as one int64 each (site * colors + color), sorted by site then color: a site's
+    # colors are then contiguous (a 1-D unique: several times faster than a unique of rows).
+    pairs = distinct(site_of[keep] * colors + color_of[keep])
+    sites, site_colors = np.divmod(pairs, colors)
+    found = []
     for offset in range(1, len(pairs)):
-        same = pairs[offset:, 0] == pairs[:-offset, 0]
+        same = sites[offset:] == sites[:-offset]
         if not same.any():
             break
-        for a, b in zip(pairs[:-offset, 1][same].tolist(), pairs[offset:, 1][same].tolist(), strict=True):
+        found.append(site_colors[:-offset][same] * colors + site_colors[offset:][same])
+    sharing: list[set[int]] = [set() for _ in range(colors)]
+    if found:  # each pair of colors once, however many tensors they share
+        first, second = np.divmod(distinct(np.concatenate(found)), colors)
+        for a, b in zip(first.tolist(), second.tolist(), strict=True):
             sharing[a].add(b)
             sharing[b].add(a)
     return sharing
@@ -311,18 +330,18 @@ class ActionSpace:
                     (value_id, dim))
         if not len(analysis.node_of):  # no dimension names: nothing to store split
             return []
-        by_node = np.argsort(analysis.node_of, kind="stable")
-        node_starts = np.searchsorted(analysis.node_of[by_node], np.arange(int(analysis.node_of.max()) + 2))
+        store_parameter_nodes(analysis, [pair for colors in self.classes for color in colors
+                                         for pair in dims_of_color.get(color, ())])
         stored = []
         for colors in self.classes:
             nodes: set[int] = set()
             for color in colors:
                 for value_id, dim in dims_of_color.get(color, ()):
-                    nodes |= stored_nodes(analysis, value_id, dim, chains[value_id])
+                    nodes.update(parameter_nodes(analysis, value_id, dim))
             if not nodes:
                 continue
             node_list = sorted(nodes)
-            selected = np.sort(np.concatenate([by_node[node_starts[n]:node_starts[n + 1]] for n in node_list]))
+            selected = model.names_of_nodes(node_list)
             if len(selected) < min_names or len(selected) == sum(len(model.names_of_color(c)) for c in colors):
                 continue
             for axis_index, (axis, size) in enumerate(model.mesh.axes):
@@ -343,16 +362,15 @@ class ActionSpace:
         count = len(model.name_size)
         pinned = np.zeros(count, dtype=np.int64)
         pinned[self.pin_names] = self.pin_masks.astype(np.int64) + 1
-        atom = np.unique(self.initial.masks.astype(np.int64) * 257 + pinned, return_inverse=True)[1].ravel()
+        atom = distinct_inverse(self.initial.masks.astype(np.int64) * 257 + pinned)[2]
         refined: set[int] = set()
         for names in names_of:  # partition refinement, once per distinct name set
             if id(names) in refined:
                 continue
             refined.add(id(names))
-            inside = np.unique(atom[names], return_inverse=True)[1].ravel()
+            inside = distinct_inverse(atom[names])[2]
             atom[names] = int(atom.max()) + 1 + inside
-        _, first, atom = np.unique(atom, return_index=True, return_inverse=True)
-        atom = atom.ravel()
+        _, first, atom = distinct_inverse(atom)
         # Renumber atoms by their first name, so the numbering is the names' order.
         order = np.argsort(first, kind="stable")
         rank = np.empty_like(order)
@@ -383,12 +401,15 @@ class ActionSpace:
                 break
             first_atoms = atom_of_name[:-offset][same]
             second_atoms = atom_of_name[offset:][same]
-            pairs.append(np.stack([first_atoms, second_atoms], axis=1))
-        pairs_array = np.unique(np.concatenate(pairs), axis=0) if pairs else np.zeros((0, 2), dtype=np.int64)
-        twice_in_a_tensor = set(pairs_array[pairs_array[:, 0] == pairs_array[:, 1], 0].tolist())
-        pairs_array = pairs_array[pairs_array[:, 0] != pairs_array[:, 1]]
-        both_ways = np.unique(np.concatenate([pairs_array, pairs_array[:, ::-1]]), axis=0)
-        neighbour_starts = np.searchsorted(both_ways[:, 0], np.arange(atom_count + 1))
+            pairs.append(first_atoms * atom_count + second_atoms)
+        # Pairs of atoms as one int64 each (first * atoms + second): a 1-D unique sorts them as rows would be.
+        keys = distinct(np.concatenate(pairs)) if pairs else np.zeros(0, dtype=np.int64)
+        first_of, second_of = np.divmod(keys, max(atom_count, 1))
+        twice_in_a_tensor = set(first_of[first_of == second_of].tolist())
+        apart = first_of != second_of
+        both_ways = distinct(np.concatenate([keys[apart], second_of[apart] * atom_count + first_of[apart]]))
+        neighbour_of = both_ways % max(atom_count, 1)
+        neighbour_starts = np.searchsorted(both_ways // max(atom_count, 1), np.arange(atom_count + 1))
         pin_of_atom = pinned[self.partition.first_name]  # 0: not pinned, else the pinned mask + 1
         kept_actions: list[SearchAction] = []
         self._atoms_of: list[np.ndarray] = []
@@ -398,7 +419,7 @@ class ActionSpace:
         for action, names, bit in zip(actions, names_of, bits, strict=True):
             atoms = np.unique(atom_of_name[names])
             neighbours = np.unique(np.concatenate(
-                [both_ways[neighbour_starts[a]:neighbour_starts[a + 1], 1] for a in atoms.tolist()]
+                [neighbour_of[neighbour_starts[a]:neighbour_starts[a + 1]] for a in atoms.tolist()]
                 + [np.zeros(0, dtype=np.int64)]))
             pins = pin_of_atom[atoms]
             if (twice_in_a_tensor.intersection(atoms.tolist()) or np.isin(neighbours, atoms).any()
@@ -413,6 +434,19 @@ class ActionSpace:
         self.dropped: tuple[SearchAction, ...] = tuple(dropped)
         self._bits = np.asarray(kept_bits, dtype=np.uint8)
         self.initial_atoms = self.initial.masks[self.partition.first_name]
+        # What ``step`` reads per action, looked up once: its bit, its atoms' divisors, and whether a manual
+        # region excludes its axis from one of its atoms (invalid in every state).
+        self._bit_of = [int(bit) for bit in kept_bits]
+        self._divisors_of = [self._atom_divisor[atoms] for atoms in self._atoms_of]
+        self._excluded_of = [bool((self._atom_excluded[atoms] & bit).any())
+                             for atoms, bit in zip(self._atoms_of, kept_bits, strict=True)]
+        # A few atoms (mirrored layers: a 70B step has 32): ``step`` reads them as Python ints, several times faster
+        # than numpy's calls on arrays this small.
+        self._few_atoms = atom_count <= FEW_ATOMS
+        self._atom_lists = [atoms.tolist() for atoms in self._atoms_of]
+        self._neighbour_lists = [neighbours.tolist() for neighbours in self._neighbours]
+        self._divisor_lists = [divisors.tolist() for divisors in self._divisors_of]
+        self._devices_of_mask = model.devices_of_mask.tolist()
 
     def __len__(self) -> int:
         return len(self.actions)
@@ -423,21 +457,42 @@ class ActionSpace:
 
     def step(self, atom_masks: np.ndarray, index: int) -> np.ndarray | None:
         """The atoms' masks after action ``index``, or ``None`` where it is invalid there (``atom_masks``: a
-        valid state's, ``uint8[atoms]``). Reads and writes only the action's atoms and their neighbours."""
-        atoms, bit = self._atoms_of[index], self._bits[index]
-        before = atom_masks[atoms]
-        after = before | bit
-        if np.array_equal(before, after):
-            return None  # changes nothing
-        neighbours = self._neighbours[index]
-        if len(neighbours) and np.any(atom_masks[neighbours] & bit):
-            return None  # one axis on two dims of a tensor
-        if np.any(self._atom_divisor[atoms] % self.model.devices_of_mask[after]):
-            return None  # a dim or reshape factor the axes do not divide
-        if np.any(self._atom_excluded[atoms] & bit):
+        valid state's, ``uint8[atoms]``). Reads only the action's atoms and their neighbours (on a space of a few
+        atoms, every atom: as Python ints, which is faster there), and writes the action's atoms."""
+        if self._excluded_of[index]:
             return None  # a manual region's axes on another dim of its operand
+        if self._few_atoms:
+            return self._step_few(atom_masks, index)
+        atoms, bit = self._atoms_of[index], self._bit_of[index]
+        before = atom_masks[atoms]
+        if (before & bit).all():
+            return None  # changes nothing: every atom has the axis already
+        after = before | bit
+        neighbours = self._neighbours[index]
+        if len(neighbours) and (atom_masks[neighbours] & bit).any():
+            return None  # one axis on two dims of a tensor
+        if (self._divisors_of[index] % self.model.devices_of_mask[after]).any():
+            return None  # a dim or reshape factor the axes do not divide
         following = atom_masks.copy()
         following[atoms] = after
+        return following
+
+    def _step_few(self, atom_masks: np.ndarray, index: int) -> np.ndarray | None:
+        """``step`` on a space of a few atoms, the state read as Python ints: the same checks in the same order."""
+        masks, bit = atom_masks.tolist(), self._bit_of[index]
+        atoms = self._atom_lists[index]
+        if all(masks[atom] & bit for atom in atoms):
+            return None  # changes nothing
+        for neighbour in self._neighbour_lists[index]:
+            if masks[neighbour] & bit:
+                return None  # one axis on two dims of a tensor
+        devices_of_mask = self._devices_of_mask
+        after = [masks[atom] | bit for atom in atoms]
+        for divisor, mask in zip(self._divisor_lists[index], after, strict=True):
+            if divisor % devices_of_mask[mask]:
+                return None  # a dim or reshape factor the axes do not divide
+        following = atom_masks.copy()
+        following[self._atoms_of[index]] = after
         return following
 
     def state(self, atom_masks: np.ndarray, actions: tuple[Action | ShardNodes, ...] = ()) -> ShardingState:

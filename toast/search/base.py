@@ -162,8 +162,8 @@ class SearchResult:
       cost: its cost.
       rounds: per phase, the best cost after it, and its rollouts.
       rollouts: rollouts run (``Budget.rollouts``' unit).
-      evaluations: distinct states costed (the same in every run with a rollout budget, on any number of
-        workers).
+      evaluations: distinct states scored (the same in every run with a rollout budget, on any number of
+        workers): costed, or priced far enough to know they are no better than one costed (MCTS's bounds).
       seconds: wall-clock time of the search.
       budget: the budget it ran with.
       algorithm: the search's name (``Search.name``: ``"mcts"``, ``"random"``, ``"greedy"``).

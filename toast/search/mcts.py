@@ -11,7 +11,11 @@ below each node. A sharding is a set of actions whose order matters little, so t
 go below a node before it has tried every action there.
 
 States are keyed by the sharding itself (its atoms' masks, ``ActionSpace.step``): any action order that
-reaches the same sharding is the same node of the tree, and no state is costed twice (a cost cache). A node
+reaches the same sharding is the same node of the tree, and no state is costed twice (a cost cache). Where the
+search needs less than a state's cost, it prices the state only up to its schedule (``CostModel.priced_rows``,
+about two thirds of the work): whether a rollout may stop at a state needs only its peak (``_Memo.fits``), and a
+descent's step needs only its best move, so moves whose lower bound (``CostModel.step_time_bound``) is worse
+than a move costed are left bounded (``_Memo.best_step``); the results are the same as costing every state. A node
 whose every action is invalid, already scored (the stop action) or leads to an exhausted node is
 **exhausted**; a tree whose root is exhausted has scored every state below it, and its lane stops early.
 
@@ -61,7 +65,7 @@ from typing import Any
 
 import numpy as np
 
-from toast.cost.model import Cost, CostModel
+from toast.cost.model import Cost, CostModel, PricedRows
 from toast.errors import ToastError
 from toast.processes import worker_setup, workers_starting
 from toast.search.actions import ActionSpace
@@ -162,6 +166,11 @@ class _LaneResult:
     tops: tuple[tuple[float, tuple[int, ...]], ...] = ()
 
 
+# What a worker tells the others of a state: its key, step time (seconds: a lower bound where not costed), peak
+# (bytes) and whether it was costed.
+_Learned = tuple[bytes, float, int, bool]
+
+
 class _Memo:
     """What one process has learned about states, shared by its lanes (it only memoizes, so results do not
     depend on it): each state once (keyed by its atoms' masks, ``ActionSpace.step``; one bytes object per
@@ -175,11 +184,18 @@ class _Memo:
         self.states: dict[bytes, np.ndarray] = {}
         self.transitions: dict[tuple[bytes, int], bytes | None] = {}
         self.cache: dict[bytes, Cost] = {}
+        # The peak (bytes) of states priced, not costed, and a lower bound of their step time (seconds; None where
+        # only ``fits`` asked): ``best_step``.
+        self.bounds: dict[bytes, tuple[float | None, int]] = {}
+        # The last state priced up to its schedule, and its rows: a rollout asks whether a state fits before it
+        # stops there, and then costs it.
+        self._last_rows: tuple[bytes, PricedRows | None] = (b"", None)
         # (step time, peak) of states other worker processes costed (their polish moves' states, sent with
-        # the next moves), and, in a worker sharing them, of the states it costed since ``take_fresh``.
+        # the next moves), and, in a worker sharing them, the states it costed or bounded since ``take_fresh``
+        # (``_Learned``).
         self.known: dict[bytes, tuple[float, int]] = {}
         self.sharing = False
-        self.fresh: list[tuple[bytes, float, int]] = []
+        self.fresh: list[_Learned] = []
         self.scored: set[int] = set()  # hashes of the keys scored since ``recording`` began
         self.initial_peak = max(int(costs.initial.peak_bytes), 1)  # the unsharded program's peak, bytes
 
@@ -216,21 +232,29 @@ class _Memo:
         self.scored.add(hash(key))
         found = self.cache.get(key)
         if found is None:
-            found = self.cache[key] = self.costs.evaluate(self.space.state(self.states[key]), collectives=False)
+            last_key, rows = self._last_rows
+            found = self.cache[key] = self.costs.evaluate_rows(rows, collectives=False) if last_key == key and \
+                rows is not None else self.costs.evaluate(self.space.state(self.states[key]), collectives=False)
             if self.sharing:
-                self.fresh.append((key, found.step_time_s, found.peak_bytes))
+                self.fresh.append((key, found.step_time_s, found.peak_bytes, True))
         return found
 
-    def take_fresh(self) -> tuple[tuple[bytes, float, int], ...]:
-        """The states this process costed since the last call, with their step time and peak."""
+    def take_fresh(self) -> tuple[_Learned, ...]:
+        """The states this process costed or bounded since the last call."""
         fresh, self.fresh = tuple(self.fresh), []
         return fresh
 
-    def learn(self, entries: Iterable[tuple[bytes, float, int]]) -> None:
-        """States another process costed: their step time and peak (the same numbers costing them gives)."""
-        for key, step_time_s, peak_bytes in entries:
-            if key not in self.cache:
+    def learn(self, entries: Iterable[_Learned]) -> None:
+        """States another process costed (their step time and peak: the same numbers costing them gives) or
+        bounded (``best_step``)."""
+        for key, step_time_s, peak_bytes, costed in entries:
+            if key in self.cache or key in self.known:
+                continue
+            if costed:
                 self.known[key] = (step_time_s, peak_bytes)
+                self.bounds.pop(key, None)
+            elif self.bounds.get(key, (None, 0))[0] is None:
+                self.bounds[key] = (step_time_s, peak_bytes)
 
     def cost(self, atom_masks: np.ndarray) -> Cost:
         return self.cost_of(self.key(atom_masks))
@@ -248,21 +272,96 @@ class _Memo:
         """``score``; for ``runtime`` with a ``penalty``, the memory limit relaxed (a Lagrangian relaxation):
         the step time relative to the unsharded program's plus ``penalty`` times the bytes over the limit
         relative to the unsharded peak."""
-        if penalty is None or goal != "runtime":
-            return self.score(key, goal)
-        step_time_s, peak_bytes = self.time_and_peak(key)
-        initial_time = float(self.costs.initial.step_time_s)
-        relative = step_time_s / initial_time if initial_time > 0 else 1.0
-        return relative + penalty * max(0.0, peak_bytes - self.costs.device_memory) / self.initial_peak
+        return self._score(*self.time_and_peak(key), goal, penalty)
 
     def score(self, key: bytes, goal: str) -> float:
         """The state's score (lower is better): ``search_score`` (relative step time, memory a constraint)
         for ``runtime``; for ``memory``, the peak relative to the unsharded one, step time breaking ties."""
-        step_time_s, peak_bytes = self.time_and_peak(key)
+        return self._score(*self.time_and_peak(key), goal, None)
+
+    def _score(self, step_time_s: float, peak_bytes: int, goal: str, penalty: float | None) -> float:
+        """``penalized`` of a state with this step time (seconds) and peak (bytes); never lower for a longer
+        step (so a lower bound of the step time gives one of the score)."""
+        if penalty is not None and goal == "runtime":
+            initial_time = float(self.costs.initial.step_time_s)
+            relative = step_time_s / initial_time if initial_time > 0 else 1.0
+            return relative + penalty * max(0.0, peak_bytes - self.costs.device_memory) / self.initial_peak
         runtime = score_of(step_time_s, peak_bytes, self.costs)
         if goal == "memory":
             return peak_bytes / self.initial_peak + 1e-3 * min(runtime, OVER_MEMORY)
         return runtime
+
+    def fits(self, key: bytes) -> bool:
+        """Whether the state's peak is within the memory limit, scoring it: from its cost where it has one, else
+        priced up to its schedule only (``CostModel.priced_rows``): a rollout asks before it stops at a state,
+        and where the state does not fit it goes on, never costing it."""
+        self.scored.add(hash(key))
+        learned = self.known.get(key)
+        cost = self.cache.get(key)
+        if learned is not None:
+            peak = learned[1]
+        elif cost is not None:
+            peak = cost.peak_bytes
+        else:
+            bound = self.bounds.get(key)
+            peak = bound[1] if bound is not None else self._priced(key, timed=False)[0][1]
+        return peak <= self.costs.device_memory
+
+    def _bound(self, key: bytes) -> tuple[tuple[float, int], PricedRows | None]:
+        """A lower bound of the state's step time (seconds) and its peak (bytes), with its priced rows where they
+        were made now (``None`` where the bound was known)."""
+        bound = self.bounds.get(key)
+        if bound is not None and bound[0] is not None:
+            return (bound[0], bound[1]), None
+        (step_bound, peak), rows = self._priced(key, timed=True)
+        assert step_bound is not None
+        return (step_bound, peak), rows
+
+    def _priced(self, key: bytes, *, timed: bool) -> tuple[tuple[float | None, int], PricedRows]:
+        """The state priced up to its schedule: its peak, and (``timed``) a lower bound of its step time, kept in
+        ``bounds`` (and told to the other workers); its rows kept as the last priced (``cost_of`` may need them)."""
+        rows = self.costs.priced_rows(self.space.state(self.states[key]))
+        step_bound = self.costs.step_time_bound(rows) if timed else None
+        self.bounds[key] = (step_bound, rows.peak)
+        self._last_rows = (key, rows)
+        if self.sharing and step_bound is not None:
+            self.fresh.append((key, step_bound, rows.peak, False))
+        return (step_bound, rows.peak), rows
+
+    def best_step(self, following: list[tuple[int, bytes]], goal: str, penalty: float | None) -> tuple[float, int]:
+        """``min((penalized(key, goal, penalty), action) for action, key in following)``, scoring every state
+        (``recording`` holds them all), but costing in full only those that could be the least: the others
+        are priced up to their schedule (``CostModel.priced_rows``), and a lower bound of their step time
+        (``CostModel.step_time_bound``) shows them worse than one costed, lowest bound first. A descent's
+        step needs only its best move (most of its moves add collectives the stream cannot hide); the result
+        is the same as costing each."""
+        best = (math.inf, -1)
+        bounded: list[tuple[float, int, bytes, PricedRows | None]] = []
+        for action, key in following:
+            if key in self.cache or key in self.known:
+                best = min(best, (self.penalized(key, goal, penalty), action))
+                continue
+            bound, rows = self._bound(key)
+            bounded.append((self._score(*bound, goal, penalty), action, key, rows))
+        bounded.sort(key=lambda entry: (entry[0], entry[1]))
+        for low, action, key, rows in bounded:
+            self.scored.add(hash(key))
+            # A bound within rounding of the best (the step times agree to 1e-12) is costed: it could tie.
+            if low - best[0] > _BOUND_MARGIN * abs(best[0]):
+                continue
+            cost = self.cache.get(key)  # two actions may lead to one state
+            if cost is None:
+                cost = self.cache[key] = self.costs.evaluate_rows(rows, collectives=False) if rows is not None \
+                    else self.costs.evaluate(self.space.state(self.states[key]), collectives=False)
+                if self.sharing:
+                    self.fresh.append((key, cost.step_time_s, cost.peak_bytes, True))
+            best = min(best, (self._score(cost.step_time_s, cost.peak_bytes, goal, penalty), action))
+        return best
+
+
+# Relative margin by which a state's bounded score must exceed the best costed one for ``_Memo.best_step`` to leave it
+# uncosted (far above the 1e-12 the bound and the cost may differ by in rounding).
+_BOUND_MARGIN = 1e-9
 
 
 class _Node:
@@ -430,8 +529,7 @@ def _roll_out(key: bytes, memo: _Memo, settings: MctsSettings, task: _LaneTask, 
     ``stop_probability`` at each step, but not at a state over the memory limit (no sharding that stops there
     fits: one more action may). Returns the key reached."""
     while len(taken) < settings.max_depth:
-        if rng.random() < settings.stop_probability and (
-                task.goal != "runtime" or memo.score(key, task.goal) < OVER_MEMORY):
+        if rng.random() < settings.stop_probability and (task.goal != "runtime" or memo.fits(key)):
             break
         for _attempt in range(8):
             action = allowed[int(rng.integers(0, len(allowed)))]
@@ -513,7 +611,7 @@ class _RefillTask:
     first: tuple[int, ...] | None  # the first step's candidates (None: every allowed action)
     limit: int | None = None  # states it may score: a step that would pass it is not taken (the first always is)
     # States the other workers costed in the previous round of moves (``_Memo.learn``): only saves costing them.
-    known: tuple[tuple[bytes, float, int], ...] = ()
+    known: tuple[_Learned, ...] = ()
     # Descend first with the memory limit relaxed by these penalties, in order (``_Memo.penalized``), then with
     # the limit itself.
     penalties: tuple[float, ...] = ()
@@ -574,13 +672,13 @@ def _stages(memo: _Memo, task: _RefillTask, key: bytes, penalties: tuple[float, 
         while True:
             if task.limit is not None and scored > 1 and scored + len(candidates) > task.limit:
                 break
-            options = [(memo.penalized(following, task.goal, penalty), action) for action in candidates
+            options = [(action, following) for action in candidates
                        if (following := memo.step(key, action)) is not None]
             scored += len(options)
             candidates = unbarred if penalty is not None else task.allowed
             if not options:
                 break
-            best_score, best_action = min(options)
+            best_score, best_action = memo.best_step(options, task.goal, penalty)
             if best_score >= score:
                 break
             following = memo.step(key, best_action)
@@ -590,7 +688,7 @@ def _stages(memo: _Memo, task: _RefillTask, key: bytes, penalties: tuple[float, 
     return key, actions, scored
 
 
-def _worker_refill(task: _RefillTask) -> tuple[_RefillResult, tuple[tuple[bytes, float, int], ...]]:
+def _worker_refill(task: _RefillTask) -> tuple[_RefillResult, tuple[_Learned, ...]]:
     """``_refill`` in a worker, which learns ``task.known`` first; with the states it costed."""
     assert _WORKER is not None
     space, memo, _ = _WORKER
@@ -639,7 +737,7 @@ def _polish(space: ActionSpace, memo: _Memo, actions: list[int], *, keep: int, a
     scored = 0
     # In workers, each round's moves carry the states the previous round costed (a worker's memo holds only
     # what it costed itself: neighbouring moves in two workers would cost the same states).
-    learned: tuple[tuple[bytes, float, int], ...] = ()
+    learned: tuple[_Learned, ...] = ()
     while pending and (deadline is None or time.monotonic() <= deadline) and (budget is None or scored < budget):
         tasks, pending = pending[:chunk], pending[chunk:]
         if budget is not None:  # each descent stops at its share of what is left (the first step is always taken)

@@ -34,13 +34,14 @@ block arguments (a ``dynamic_slice`` that slices the dim itself is not a way thr
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from toast.analysis.named_dimensions import Analysis
 from toast.frontend.loops import loop_nest
+from toast.sharding.state import distinct
 
 # Ops that hand an operand's dims on to their result (a call: to its callee's arguments) in a loop body.
 _PASS_ON = frozenset({"stablehlo.while", "func.call", "stablehlo.dynamic_slice", "stablehlo.dynamic_update_slice",
@@ -67,6 +68,8 @@ class _Index:
     backward_target: list[int]  # [steps]
     # (forward_from, backward_from) -> carried_nodes' answer.
     answers: dict[tuple[frozenset[int], frozenset[int]], frozenset[int]] = field(default_factory=dict)
+    # The same steps as int64 arrays, made on first use: many walks taken together (``carried_nodes_many``).
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 _LAST: list[tuple[Analysis, _Index]] = []
@@ -157,33 +160,120 @@ def carried_nodes(analysis: Analysis, *, forward_from: Iterable[int], backward_f
     return set(answer)
 
 
+def carried_nodes_many(analysis: Analysis, starts: Sequence[tuple[Iterable[int], Iterable[int]]]) -> list[set[int]]:
+    """``carried_nodes`` of each ``(forward_from, backward_from)`` of ``starts``: the walks not taken before are
+    taken together, in arrays (a search's stored actions walk from every dim of thousands of parameters: one walk
+    at a time in Python was most of building its action space)."""
+    index = _index(analysis)
+    keys = [(frozenset(int(n) for n in forward), frozenset(int(n) for n in backward)) for forward, backward in starts]
+    missing = [key for key in dict.fromkeys(keys) if key not in index.answers]
+    if missing:
+        for key, answer in zip(missing, _walk_many(index, missing), strict=True):
+            index.answers[key] = answer
+    return [set(index.answers[key]) for key in keys]
+
+
+def _arrays(index: _Index) -> dict[str, np.ndarray]:
+    if not index.arrays:
+        for name in ("forward_start", "forward_target", "backward_start", "backward_target"):
+            index.arrays[name] = np.asarray(getattr(index, name), dtype=np.int64)
+        index.arrays["forward_summed"] = np.asarray(index.forward_summed, dtype=bool)
+    return index.arrays
+
+
+def _walk_many(index: _Index, keys: Sequence[tuple[frozenset[int], frozenset[int]]]) -> list[frozenset[int]]:
+    """``_walk`` of each key, all walks at once: a reached node of walk ``w`` is the int64 ``w * nodes + node``,
+    and the walks go one step per round over every walk's frontier (arrays sorted and merged, as sets would be).
+    The same sets as ``_walk``: what is reached does not depend on the order of the steps."""
+    arrays = _arrays(index)
+    width = max(len(index.forward_start) - 1, 1)  # nodes
+    start_forward = _keys([forward for forward, _ in keys], width)
+    start_backward = _keys([backward for _, backward in keys], width)
+    # Backward: from the update chain's nodes, through the producers that hand the dim on.
+    seen_backward = frontier = start_backward
+    while len(frontier):
+        reached = distinct(_steps_from(frontier, width, arrays["backward_start"], arrays["backward_target"])[0])
+        frontier = reached[~_member(reached, seen_backward)]
+        seen_backward = np.sort(np.concatenate([seen_backward, frontier]), kind="stable")
+    # Forward: from the parameter's nodes and every node a backward step reached (not where a backward walk started).
+    seen_forward = frontier = distinct(np.concatenate([start_forward,
+                                                       seen_backward[~_member(seen_backward, start_backward)]]))
+    summed_found = []
+    while len(frontier):
+        reached, step = _steps_from(frontier, width, arrays["forward_start"], arrays["forward_target"])
+        summed = arrays["forward_summed"][step]
+        summed_found.append(reached[summed])  # a partial sum, reduced over the axis: reached, not walked from
+        reached = distinct(reached[~summed])
+        frontier = reached[~_member(reached, seen_forward)]
+        seen_forward = np.sort(np.concatenate([seen_forward, frontier]), kind="stable")
+    found = distinct(np.concatenate([seen_backward, seen_forward, *summed_found]))
+    found = found[~_member(found, start_forward) & ~_member(found, start_backward)]
+    walk, node = np.divmod(found, width)
+    bounds = np.searchsorted(walk, np.arange(len(keys) + 1)).tolist()
+    nodes = node.tolist()
+    return [frozenset(nodes[bounds[w]:bounds[w + 1]]) for w in range(len(keys))]
+
+
+def _keys(node_sets: Sequence[frozenset[int]], width: int) -> np.ndarray:
+    """``w * width + node`` of each node of each walk ``w``'s set, ascending."""
+    counts = [len(nodes) for nodes in node_sets]
+    nodes = np.fromiter(itertools.chain.from_iterable(node_sets), dtype=np.int64, count=sum(counts))
+    return distinct(np.repeat(np.arange(len(node_sets), dtype=np.int64), counts) * width + nodes)
+
+
+def _steps_from(frontier: np.ndarray, width: int, start: np.ndarray, target: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """The keys every step from the ``frontier`` keys reaches (each walk's own), and the index of each step."""
+    walk, node = np.divmod(frontier, width)
+    first = start[node]
+    counts = start[node + 1] - first
+    offsets = np.cumsum(counts) - counts
+    step = np.arange(int(counts.sum()), dtype=np.int64) + np.repeat(first - offsets, counts)
+    return np.repeat(walk, counts) * width + target[step], step
+
+
+def _member(values: np.ndarray, ordered: np.ndarray) -> np.ndarray:
+    """Whether each of ``values`` is in ``ordered`` (ascending)."""
+    if not len(ordered):
+        return np.zeros(len(values), dtype=bool)
+    at = np.minimum(np.searchsorted(ordered, values), len(ordered) - 1)
+    return ordered[at] == values
+
+
 def _walk(index: _Index, start_forward: frozenset[int], start_backward: frozenset[int]) -> set[int]:
     """``carried_nodes``' walk: the nodes reached from the start nodes along ``index``'s steps, less the start
     nodes. A backward step reaches a node and walks on from it both ways (the gradient's other uses: its
-    clipping norm), unless the node is where a backward walk started."""
+    clipping norm), unless the node is where a backward walk started.
+
+    What is reached does not depend on the order of the steps, so the backward walk goes first (a forward step
+    never leads backward), then the forward walk from every node it reached; a node's two walks are kept in two
+    sets of ints (a set of (node, direction) pairs hashes a tuple per step)."""
+    forward_start, forward_target, forward_summed = index.forward_start, index.forward_target, index.forward_summed
+    backward_start, backward_target = index.backward_start, index.backward_target
     found: set[int] = set()
-    frontier = [(n, True) for n in sorted(start_forward)] + [(n, False) for n in sorted(start_backward)]
-    seen = set(frontier)
-    while frontier:
-        node, forward = frontier.pop()
-        if forward:
-            start, end = index.forward_start[node], index.forward_start[node + 1]
-            for target, summed in zip(index.forward_target[start:end], index.forward_summed[start:end], strict=True):
-                if (target, True) in seen:
-                    continue
-                found.add(target)
-                if not summed:  # summed on the split: a partial sum, reduced over the axis (a scalar)
-                    seen.add((target, True))
-                    frontier.append((target, True))
-        else:
-            start, end = index.backward_start[node], index.backward_start[node + 1]
-            for target in index.backward_target[start:end]:
-                if (target, False) in seen:
-                    continue
-                seen.add((target, False))
-                found.add(target)
-                frontier.append((target, False))
-                if (target, True) not in seen:
-                    seen.add((target, True))
-                    frontier.append((target, True))
+    backward_seen = set(start_backward)
+    forward_seen = set(start_forward)
+    backward = sorted(start_backward)
+    forward = sorted(start_forward)
+    while backward:
+        node = backward.pop()
+        for target in backward_target[backward_start[node]:backward_start[node + 1]]:
+            if target in backward_seen:
+                continue
+            backward_seen.add(target)
+            found.add(target)
+            backward.append(target)
+            if target not in forward_seen:
+                forward_seen.add(target)
+                forward.append(target)
+    while forward:
+        node = forward.pop()
+        start, end = forward_start[node], forward_start[node + 1]
+        for target, summed in zip(forward_target[start:end], forward_summed[start:end], strict=True):
+            if target in forward_seen:
+                continue
+            found.add(target)
+            if not summed:  # summed on the split: a partial sum, reduced over the axis (a scalar)
+                forward_seen.add(target)
+                forward.append(target)
     return found - start_forward - start_backward

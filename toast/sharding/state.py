@@ -27,6 +27,13 @@ from toast.sharding.mesh import Mesh
 POPCOUNT = np.array([bin(m).count("1") for m in range(256)], dtype=np.int64)
 
 
+def distinct(values: np.ndarray) -> np.ndarray:
+    """``np.unique(values)`` of a 1-D integer array, by a sort: numpy 2's unique hashes, several times slower on
+    the hundreds of thousands of distinct keys of a big program's names."""
+    ordered = np.sort(values, kind="stable")
+    return ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))] if len(ordered) else ordered
+
+
 @dataclass(frozen=True, slots=True)
 class Action:
     """Shard ``color`` along mesh ``axis``; ``resolution`` has one bit per resolution group
@@ -186,6 +193,13 @@ class ShardingModel:
                           tuple(outside[d] // max(local[d], 1) for d in dims), f"{op.kind} {program.op_label(op_id)}"))
         return tuple(sites)
 
+    @property
+    def has_manual_regions(self) -> bool:
+        """Whether an operand enters a manual region (shard_map) split by its manual axes: then a state's validity
+        is not monotone (a manual dim split over some of its manual axes is invalid, over all of them valid);
+        elsewhere every state made of a valid state's axes, or of fewer, is valid."""
+        return bool(self._manual_sites)
+
     def initial(self) -> ShardingState:
         """The unsharded state (every name replicated)."""
         return ShardingState(self.mesh, np.zeros(self.analysis.names.count, dtype=np.uint8), ())
@@ -204,7 +218,7 @@ class ShardingModel:
         order, bounds = self._node_order, self._node_bounds
         # Each node's run of ``order``, laid end to end in arrays (an FSDP strategy asks for thousands of
         # parameters' nodes, dozens each).
-        wanted = np.unique(np.fromiter(nodes, dtype=np.int64))
+        wanted = distinct(np.fromiter(nodes, dtype=np.int64))
         wanted = wanted[(wanted >= 0) & (wanted < len(bounds) - 1)]
         starts, lengths = bounds[wanted], bounds[wanted + 1] - bounds[wanted]
         offsets = np.cumsum(lengths) - lengths

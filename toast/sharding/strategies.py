@@ -72,7 +72,7 @@ import numpy as np
 
 from toast.analysis.named_dimensions import Analysis
 from toast.errors import ToastError
-from toast.sharding.carry import carried_nodes
+from toast.sharding.carry import carried_nodes, carried_nodes_many
 from toast.sharding.mesh import Mesh
 from toast.sharding.roles import PROPOSED_SOURCE, ROLE_NAMES, Roles
 from toast.sharding.state import Action, InvalidState, ShardingModel, ShardingState, ShardNodes
@@ -247,21 +247,40 @@ def strategy_parts(name: str) -> tuple[str, ...]:
 def role_colors(analysis: Analysis, roles: Roles, role: str) -> list[int]:
     """Colors of the argument dims ``role`` names (sorted, distinct); a one-line error naming the
     roles' source and some of the program's arguments when it names none."""
-    colors = {int(analysis.color_of[name]) for pattern, dim in roles.get(role)
-              for name in _argument_dims(analysis, pattern, dim)}
+    names = [name for pattern, dim in roles.get(role) for name in _argument_dims(analysis, pattern, dim)]
+    colors = set(np.asarray(analysis.color_of)[np.asarray(names, dtype=np.int64)].tolist())
     if not colors:
         raise ToastError(f"{roles.source}: role '{role}' names no argument dim of {analysis.program.name} "
                          f"({_some_arguments(analysis)})")
     return sorted(colors)
 
 
+# The last analysis's arguments by name, and its answers by (pattern, dim): every strategy of a comparison reads
+# the same roles, and a 70B step's proposed roles name thousands of arguments (a regex over every argument name
+# each was most of pricing the strategies).
+_LAST_DIMS: list[tuple[Analysis, dict[str, list[int]], dict[tuple[str, int], tuple[int, ...]]]] = []
+
+
 def _argument_dims(analysis: Analysis, pattern: str, dim: int) -> list[int]:
     """Definition names of dim ``dim`` of the arguments whose name matches ``pattern``, a glob
     where only ``*`` is special (argument names contain brackets)."""
     program = analysis.program
-    regex = re.compile(re.escape(pattern).replace(r"\*", ".*"))
-    return [analysis.names.def_base[v] + dim for v in program.arguments
-            if regex.fullmatch(program.values[v].name) and dim < len(program.values[v].shape)]
+    if not (_LAST_DIMS and _LAST_DIMS[0][0] is analysis):
+        by_name: dict[str, list[int]] = {}
+        for value_id in program.arguments:
+            by_name.setdefault(program.values[value_id].name, []).append(value_id)
+        _LAST_DIMS[:] = [(analysis, by_name, {})]
+    _, by_name, answers = _LAST_DIMS[0]
+    found = answers.get((pattern, dim))
+    if found is None:
+        if "*" in pattern:
+            regex = re.compile(re.escape(pattern).replace(r"\*", ".*"))
+            values = [v for v in program.arguments if regex.fullmatch(program.values[v].name)]
+        else:  # no wildcard: the names equal to the pattern
+            values = by_name.get(pattern, [])
+        found = answers[(pattern, dim)] = tuple(analysis.names.def_base[v] + dim for v in values
+                                                if dim < len(program.values[v].shape))
+    return list(found)
 
 
 def _some_arguments(analysis: Analysis, shown: int = 8) -> str:
@@ -365,7 +384,32 @@ def manual_strategy(model: ShardingModel, name: str, roles: Roles
     planned = [(role, Action(c, axis, ones) if role == "sequence" else Action(c, axis))
                for role, _ in strategy.placements if role in axes
                for c in role_colors(analysis, roles, role) for axis in axes[role]]
-    state = model.initial()
+    state = _apply_planned(model, planned)
+    actions: list[Action | ShardNodes] = [action for _, action in planned]
+    if "params" in axes:  # after the color actions: on what they left whole
+        parameters = fsdp_actions(model, axes["params"], state=state, data_axes=axes["batch"])
+        state = _apply_nodes(model, state, parameters)
+        actions += parameters
+    return state, tuple(actions)
+
+
+def _apply_planned(model: ShardingModel, planned: Sequence[tuple[str, Action]]) -> ShardingState:
+    """The initial state after each of a strategy's ``(role, action)``s in turn. Without manual regions a state
+    is valid when a state with more axes is (``ShardingModel.has_manual_regions``), so the end state alone is
+    checked (a check per action was most of pricing a strategy on a big program); where it is invalid, or there
+    are manual regions, each state in turn, and the first action at fault is named in the roles' terms.
+
+    Raises:
+      InvalidState: an action gives an invalid state.
+    """
+    initial = model.initial()
+    if not model.has_manual_regions:
+        state = initial
+        for _, action in planned:
+            state = model.apply(state, action, check=False)
+        if not model.problem(state):
+            return state
+    state = initial
     roles_on: dict[str, list[str]] = {}  # mesh axis -> the roles placed on it so far
     for role, action in planned:
         following = model.apply(state, action, check=False)
@@ -376,21 +420,18 @@ def manual_strategy(model: ShardingModel, name: str, roles: Roles
             raise InvalidState(f"role '{role}' on {action.axis}: {problem}{both}")
         state = following
         roles_on.setdefault(action.axis, []).append(role)
-    actions: list[Action | ShardNodes] = [action for _, action in planned]
-    if "params" in axes:  # after the color actions: on what they left whole
-        parameters = fsdp_actions(model, axes["params"], state=state, data_axes=axes["batch"])
-        state = _apply_nodes(model, state, parameters)
-        actions += parameters
-    return state, tuple(actions)
-
+    return state
 
 def _apply_nodes(model: ShardingModel, state: ShardingState, actions: Sequence[ShardNodes]) -> ShardingState:
     """``apply_any`` of each of ``actions`` in turn, the state checked once at the end (a check reads every
     name: once per action was most of pricing an FSDP strategy on a big program); where the end state is
     invalid, the actions are applied again one at a time, so that the first one at fault is named."""
     masks = state.masks.copy()
+    nodes_on: dict[str, list[int]] = {}  # axis -> the nodes its actions shard: one lookup of names per axis
     for action in actions:
-        masks[model.names_of_nodes(action.nodes)] |= np.uint8(1 << model.mesh.index(action.axis))
+        nodes_on.setdefault(action.axis, []).extend(action.nodes)
+    for axis, nodes in nodes_on.items():
+        masks[model.names_of_nodes(nodes)] |= np.uint8(1 << model.mesh.index(axis))
     result = ShardingState(model.mesh, masks, state.actions)
     if model.problem(result):
         for action in actions:
@@ -484,13 +525,54 @@ def stored_nodes(analysis: Analysis, value_id: int, dim: int, chain: UpdateChain
     """The dimension-graph nodes that storing argument ``value_id`` split on ``dim`` shards: its own dim,
     its update chain's, the returned new value's, and where they are carried through loops (the layer-stacked
     parameter of a scan, its slice per iteration, its gradient's accumulator: ``toast.sharding.carry``)."""
-    names = analysis.names
-    own = {int(analysis.node_of[names.def_base[value_id] + dim])}
-    nodes = {int(analysis.node_of[names.def_base[v] + dim]) for v in chain.values}
-    nodes.update(int(analysis.node_of[names.use_name(op_id, index, dim)]) for op_id, index in chain.returns)
+    own, nodes = _chain_nodes(analysis, value_id, dim, chain)
     # Through loops: the carried stack, each iteration's slice, the gradient accumulator (toast.sharding.carry).
     carried = carried_nodes(analysis, forward_from=own, backward_from=nodes)
     return own | nodes | carried
+
+
+def _chain_nodes(analysis: Analysis, value_id: int, dim: int, chain: UpdateChain) -> tuple[set[int], set[int]]:
+    """The node of argument ``value_id``'s dim ``dim``, and its update chain's and returned new value's nodes."""
+    names, node_of = analysis.names, analysis.node_of
+    own = {int(node_of[names.def_base[value_id] + dim])}
+    nodes = {int(node_of[names.def_base[v] + dim]) for v in chain.values}
+    nodes.update(int(node_of[names.use_name(op_id, index, dim)]) for op_id, index in chain.returns)
+    return own, nodes
+
+
+# The last analysis's ``parameter_nodes`` answers by (argument value id, dim): the search's stored actions ask for
+# every parameter dim, and each FSDP strategy again for one dim of every parameter.
+_LAST_STORED: list[tuple[Analysis, dict[tuple[int, int], tuple[int, ...]]]] = []
+
+
+def parameter_nodes(analysis: Analysis, value_id: int, dim: int) -> tuple[int, ...]:
+    """``stored_nodes`` of argument ``value_id`` (a key of ``update_chains``) split on ``dim``, with its update
+    chain, ascending; each answer is kept for the analysis (``store_parameter_nodes`` finds many at once)."""
+    answers = _stored_answers(analysis)
+    nodes = answers.get((value_id, dim))
+    if nodes is None:
+        nodes = answers[(value_id, dim)] = tuple(sorted(
+            stored_nodes(analysis, value_id, dim, update_chains(analysis)[value_id])))
+    return nodes
+
+
+def store_parameter_nodes(analysis: Analysis, pairs: Sequence[tuple[int, int]]) -> None:
+    """Find ``parameter_nodes`` of every ``(argument value id, dim)`` of ``pairs`` not asked before, their walks
+    through loops taken together (``toast.sharding.carry.carried_nodes_many``)."""
+    answers = _stored_answers(analysis)
+    missing = [pair for pair in dict.fromkeys(pairs) if pair not in answers]
+    if not missing:
+        return
+    chains = update_chains(analysis)
+    starts = [_chain_nodes(analysis, value_id, dim, chains[value_id]) for value_id, dim in missing]
+    for pair, (own, nodes), carried in zip(missing, starts, carried_nodes_many(analysis, starts), strict=True):
+        answers[pair] = tuple(sorted(own | nodes | carried))
+
+
+def _stored_answers(analysis: Analysis) -> dict[tuple[int, int], tuple[int, ...]]:
+    if not (_LAST_STORED and _LAST_STORED[0][0] is analysis):
+        _LAST_STORED[:] = [(analysis, {})]
+    return _LAST_STORED[0][1]
 
 
 def fsdp_actions(model: ShardingModel, axis: str | Sequence[str], *, state: ShardingState,
@@ -506,7 +588,7 @@ def fsdp_actions(model: ShardingModel, axis: str | Sequence[str], *, state: Shar
     mesh = model.mesh
     axes = (axis,) if isinstance(axis, str) else tuple(axis)
     data_bits = sum(1 << mesh.index(a) for a in (data_axes or axes))
-    actions = []
+    chosen = []  # (argument, its dim, the axes storing it, label)
     for value_id, chain in update_chains(analysis).items():
         value = program.values[value_id]
         base = names.def_base[value_id]
@@ -522,8 +604,9 @@ def fsdp_actions(model: ShardingModel, axis: str | Sequence[str], *, state: Shar
                 break
         else:
             continue
-        nodes = tuple(sorted(stored_nodes(analysis, value_id, dims[0], chain)))
         label = f"{value.name}:{dims[0]}" + (" and its update" if chain.returns else "")
-        actions += [ShardNodes(nodes, a, label) for a in free[:count]]
-    return actions
+        chosen.append((value_id, dims[0], free[:count], label))
+    store_parameter_nodes(analysis, [(value_id, dim) for value_id, dim, _, _ in chosen])
+    return [ShardNodes(parameter_nodes(analysis, value_id, dim), a, label)
+            for value_id, dim, stored_on, label in chosen for a in stored_on]
 
