@@ -84,7 +84,7 @@ def _repeated(bases: np.ndarray, ranks: np.ndarray, color_of: np.ndarray) -> tup
 
 
 def build_conflicts(program: Program, names: DimensionNames, color_of: np.ndarray, node_of: np.ndarray,
-                    m_edges: Sequence[tuple[int, int]], outputs: dict[str, list[tuple]],
+                    m_edges: Sequence[tuple[int, int]] | np.ndarray, outputs: dict[str, list[tuple]],
                     *, layer_heuristic: bool = True) -> Conflicts:
     """Conflicts, compatibility sets and groups from the conflicts stage's ``outputs``."""
     conflicts, conflict_id = _conflict_edges(program, names, color_of, outputs)

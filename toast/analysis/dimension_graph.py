@@ -29,6 +29,7 @@ the loop depth.
 
 from __future__ import annotations
 
+import operator
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,7 +38,7 @@ import numpy as np
 
 from toast.facts.numbering import DimensionNames
 from toast.frontend.ir import TERMINATORS, Program
-from toast.frontend.loops import WHILE, loop_nest
+from toast.frontend.loops import loop_nest
 
 # Roles of the names of a while loop's carried values (see the module docstring). A name
 # with role r lies in graph node ``node + r * names``; block arguments keep role 0 (``in``).
@@ -71,10 +72,17 @@ class Loops:
         for loop in nest.loops:
             value_role[list(program.ops[loop].results)] = RESULT
         sites = names.use_sites
-        use_scope = nest.loop_of_op[np.fromiter((s.op for s in sites), dtype=np.int64, count=len(sites))]
-        use_role = np.fromiter((_use_role(program, s.op) for s in sites), dtype=np.int8, count=len(sites))
-        def_ranks = np.fromiter((len(v.shape) for v in program.values), dtype=np.int64, count=len(program.values))
-        use_ranks = def_ranks[np.fromiter((s.value for s in sites), dtype=np.int64, count=len(sites))]
+        site_ops = np.fromiter(map(_SITE_OP, sites), dtype=np.int64, count=len(sites))
+        use_scope = nest.loop_of_op[site_ops]
+        # A use's role is its op's: ENTRY for a while, EXIT for a return of a while's region, else PLAIN.
+        op_role = np.full(len(program.ops), PLAIN, dtype=np.int8)
+        op_role[list(nest.loops)] = ENTRY
+        for op in program.ops:
+            if op.parent is not None and op.kind in TERMINATORS and op.parent[0] in nest.loops:
+                op_role[op.id] = EXIT
+        use_role = op_role[site_ops]
+        def_ranks = np.fromiter(map(len, map(_SHAPE, program.values)), dtype=np.int64, count=len(program.values))
+        use_ranks = def_ranks[np.fromiter(map(_SITE_VALUE, sites), dtype=np.int64, count=len(sites))]
         scope = np.concatenate([np.repeat(value_scope, def_ranks), np.repeat(use_scope, use_ranks)])
         role = np.concatenate([np.repeat(value_role, def_ranks), np.repeat(use_role, use_ranks)])
         return Loops(enclosing, scope, role)
@@ -87,13 +95,7 @@ class Loops:
         return chain
 
 
-def _use_role(program: Program, op_id: int) -> int:
-    op = program.ops[op_id]
-    if op.kind == WHILE:
-        return ENTRY
-    if op.parent is not None and op.kind in TERMINATORS and program.ops[op.parent[0]].kind == WHILE:
-        return EXIT
-    return PLAIN
+_SITE_OP, _SITE_VALUE, _SHAPE = operator.itemgetter(0), operator.itemgetter(2), operator.attrgetter("shape")
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,10 +116,10 @@ class NodeGraph:
     loops: Loops | None = None
 
     @staticmethod
-    def of(color_of: np.ndarray, node_of: np.ndarray, m_edges: Sequence[tuple[int, int]], *,
+    def of(color_of: np.ndarray, node_of: np.ndarray, m_edges: Sequence[tuple[int, int]] | np.ndarray, *,
            colors: set[int], loops: Loops | None = None) -> NodeGraph:
         """The nodes and M edges of ``colors`` (an M edge never leaves its color)."""
-        if not colors or not m_edges:
+        if not colors or not len(m_edges):
             return NodeGraph({}, {}, loops)
         edges = np.asarray(m_edges, dtype=np.int64)
         edges = edges[np.isin(color_of[edges[:, 0]], np.fromiter(colors, dtype=np.int64))]
@@ -202,25 +204,26 @@ def _crossed(sources: list[int], targets: list[int], boxes: Sequence[tuple[int, 
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import connected_components
 
-    nodes = sorted(set(sources) | set(targets) | {n for box in boxes for n in box})
-    index = {node: k for k, node in enumerate(nodes)}
-    source_ids = [index[s] for s in sources]
-    target_ids = [index[t] for t in targets]
+    # In arrays (tens of thousands of edges): the nodes numbered in sorted order, the edges by those numbers.
+    corners = np.asarray(boxes, dtype=np.int64).reshape(len(boxes), 4)
+    source_nodes, target_nodes = np.asarray(sources, dtype=np.int64), np.asarray(targets, dtype=np.int64)
+    nodes = np.unique(np.concatenate([source_nodes, target_nodes, corners.ravel()]))
+    source_ids, target_ids = np.searchsorted(nodes, source_nodes), np.searchsorted(nodes, target_nodes)
     matrix = coo_matrix((np.ones(len(source_ids), dtype=np.int8), (source_ids, target_ids)), shape=(len(nodes),) * 2)
     count, component = connected_components(matrix.tocsr(), directed=True, connection="strong")
-    # Condensed DAG and a topological order (Kahn).
-    condensed: dict[int, set[int]] = defaultdict(set)
-    indegree = [0] * count
-    for s, t in zip(source_ids, target_ids, strict=True):
-        cs, ct = int(component[s]), int(component[t])
-        if cs != ct and ct not in condensed[cs]:
-            condensed[cs].add(ct)
-            indegree[ct] += 1
-    corners = sorted({n for box in boxes for n in box[:2]})
-    bit = {node: 1 << k for k, node in enumerate(corners)}
+    # Condensed DAG (each edge between components once) and a topological order (Kahn).
+    ends = np.stack([component[source_ids], component[target_ids]], axis=1).astype(np.int64)
+    between = np.unique(ends[ends[:, 0] != ends[:, 1]], axis=0)
+    condensed: dict[int, list[int]] = defaultdict(list)
+    for source, target in between.tolist():
+        condensed[source].append(target)
+    indegree = np.bincount(between[:, 1], minlength=count).tolist()
+    corner_component = component[np.searchsorted(nodes, corners)].tolist()  # [box][corner]
+    starts = sorted({node for box in boxes for node in box[:2]})
+    bit = {node: 1 << k for k, node in enumerate(starts)}
     reach = [0] * count
-    for node in corners:
-        reach[int(component[index[node]])] |= bit[node]
+    for node, node_component in zip(starts, component[np.searchsorted(nodes, starts)].tolist(), strict=True):
+        reach[node_component] |= bit[node]
     ready = [c for c in range(count) if indegree[c] == 0]
     while ready:
         current = ready.pop()
@@ -229,8 +232,5 @@ def _crossed(sources: list[int], targets: list[int], boxes: Sequence[tuple[int, 
             indegree[following] -= 1
             if indegree[following] == 0:
                 ready.append(following)
-
-    def reaches(source: int, target: int) -> bool:
-        return bool(reach[int(component[index[target]])] & bit[source])
-
-    return [reaches(def_a, use_b) or reaches(def_b, use_a) for def_a, def_b, use_a, use_b in boxes]
+    return [bool(reach[use_b] & bit[def_a]) or bool(reach[use_a] & bit[def_b])
+            for (def_a, def_b, _, _), (_, _, use_a, use_b) in zip(boxes, corner_component, strict=True)]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import operator
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -32,7 +33,7 @@ from toast.facts.writer import program_facts
 from toast.frontend.ir import Program
 from toast.frontend.loading import load_program_text
 from toast.frontend.stablehlo import read_text
-from toast.frozen import pickled_by_constructor
+from toast.frozen import constructor, pickled_by_constructor
 from toast.processes import collector_paused
 from toast.resources import project_root
 
@@ -365,7 +366,7 @@ def _analyze(
     conflict_inputs = conflict_facts(program, names, classes.color_of, classes.node_of)
     conflict_outputs = evaluate(conflict_program.text, conflict_inputs, CONFLICTS.outputs, engine=chosen,
                                 keep=keep_dir / "conflicts" if keep_dir else None, timeout_s=timeout_s)
-    conflicts = build_conflicts(program, names, classes.color_of, classes.node_of, classes.m_edges,
+    conflicts = build_conflicts(program, names, classes.color_of, classes.node_of, classes.m_pairs,
                                 conflict_outputs, layer_heuristic=chosen_variant.layer_heuristic)
     timings["conflicts"] = time.perf_counter() - start
 
@@ -396,34 +397,51 @@ class _Classes:
     color_sizes: tuple[int, ...]  # names per color id
     node_of: np.ndarray  # dimension-graph node of each name (its smallest I-class member)
     m_edges: tuple[tuple[int, int], ...]
+    m_pairs: np.ndarray  # ``int64[len(m_edges), 2]``: the same edges
 
 
 def _classes(count: int, outputs: dict[str, list[tuple]]) -> _Classes:
     """Colors (classes under I and M) and nodes (classes under I alone) of every name."""
-    identities = [(a, b) for a, b, *_ in outputs["ident"]]
-    m_edges = tuple((a, b) for a, b in outputs["m_edge"])
+    identities = _pairs(outputs["ident"])
+    m_edges = tuple(map(tuple, outputs["m_edge"]))  # the rows (a, b) themselves
     node_of = union_find(count, identities)
-    color_label = union_find(count, identities + list(m_edges))
+    m_pairs = _pairs(m_edges)
+    color_label = union_find(count, np.concatenate([identities, m_pairs]))
     # Colors sorted by size (largest first), ties by smallest member: deterministic ids.
     labels, sizes = np.unique(color_label, return_counts=True)
     order = sorted(range(len(labels)), key=lambda k: (-int(sizes[k]), int(labels[k])))
     rank_of_label = np.empty(int(labels.max()) + 1 if len(labels) else 0, dtype=np.int64)
     rank_of_label[labels[order]] = np.arange(len(order))
     color_of = rank_of_label[color_label] if count else np.zeros(0, dtype=np.int64)
-    return _Classes(color_of, tuple(int(sizes[k]) for k in order), node_of, m_edges)
+    return _Classes(color_of, tuple(int(sizes[k]) for k in order), node_of, m_edges, m_pairs)
+
+
+def _pairs(rows: Sequence[tuple]) -> np.ndarray:
+    """``int64[len(rows), 2]``: the first two columns of ``rows`` (an edge list for ``union_find``)."""
+    count = len(rows)
+    first = np.fromiter(map(_FIRST, rows), dtype=np.int64, count=count)
+    second = np.fromiter(map(_SECOND, rows), dtype=np.int64, count=count)
+    return np.stack([first, second], axis=1)
+
+
+_FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
 
 
 def _build(program: Program, names: DimensionNames, outputs: dict[str, list[tuple]], classes: _Classes,
            conflicts: Conflicts, *, run_stats: dict[str, Any]) -> Analysis:
     """The ``Analysis`` of the engines' outputs; ``run_stats`` (engine, variant, seconds, facts) end its
     ``stats``."""
-    identities = tuple(Identity(a, b, op, display_rule_file(f), line) for a, b, op, f, line in outputs["ident"])
+    identities = _identities(outputs["ident"])
     count = names.count
     color_of, node_of = classes.color_of, classes.node_of
     members: list[list[DimRef]] = [[] for _ in classes.color_sizes]
-    for name, (value_id, dim) in enumerate(names.defs):
-        value = program.values[value_id]
-        members[int(color_of[name])].append(DimRef(value.name, dim, value.shape[dim], value.loc))
+    # In name order (values in order, each one's dims in order); a value's dims named from its def_base.
+    color_list = color_of.tolist()
+    make_dim_ref = _MAKE_DIM_REF
+    for value, base in zip(program.values, names.def_base, strict=True):
+        value_name, loc = value.name, value.loc
+        for dim, size in enumerate(value.shape):
+            members[color_list[base + dim]].append(make_dim_ref(value_name, dim, size, loc))
     colors = tuple(Color(rank, size, tuple(members[rank])) for rank, size in enumerate(classes.color_sizes))
 
     unruled = tuple(
@@ -442,7 +460,8 @@ def _build(program: Program, names: DimensionNames, outputs: dict[str, list[tupl
         "dimension_names": count,
         "definition_dims": len(names.defs),
         "colors": len(colors),
-        "dimension_graph_nodes": int(len(np.unique(node_of))),
+        # A node is labeled by its smallest name (``union_find``): one name per node is its own label.
+        "dimension_graph_nodes": int(np.count_nonzero(node_of == np.arange(len(node_of)))),
         "identities": len(identities),
         "m_edges": len(classes.m_edges),
         "unruled_ops": len(unruled),
@@ -476,6 +495,19 @@ def _build(program: Program, names: DimensionNames, outputs: dict[str, list[tupl
         kernel_semantics=kernel_semantics(outputs),
         unpriced_ops=unpriced,
     )
+
+
+_MAKE_IDENTITY = constructor(Identity)
+_MAKE_DIM_REF = constructor(DimRef)
+
+
+def _identities(rows: list[tuple]) -> tuple[Identity, ...]:
+    """The ``Identity`` of each ``ident`` row ``(a, b, op, file, line)``, its file as ``display_rule_file`` shows it
+    (column by column: a 100k-op program has hundreds of thousands of rows, and a handful of files)."""
+    if not rows:
+        return ()
+    a, b, op, files, line = zip(*rows, strict=True)
+    return tuple(map(_MAKE_IDENTITY, a, b, op, map(display_rule_file, files), line))
 
 
 def _flop_names(rows: list[tuple]) -> dict[int, tuple[int, ...]]:

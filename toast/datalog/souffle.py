@@ -9,7 +9,9 @@ mode runs ``souffle -F facts -D out``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import operator
 import os
 import re
 import shutil
@@ -17,8 +19,13 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from toast.errors import EngineError
+from toast.datalog.preprocess import preprocess_text
+from toast.errors import EngineError, RuleError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 # Soufflé's one-time compile of a rule program to C++ and a binary: not part of ``--timeout``,
 # which limits the run.
@@ -65,19 +72,45 @@ def read_outputs(directory: Path, types: Mapping[str, Sequence[str]]) -> dict[st
             lines = file.read().split("\n")
         if lines[-1] == "":  # the last row's newline
             lines.pop()
-        split = [line.split("\t") for line in lines]
-        widths = set(map(len, split))
-        if widths - {len(numeric)}:
-            width = min(widths - {len(numeric)}, key=[len(fields) for fields in split].index)  # the first row's
-            raise EngineError(f"{path}: row of {width} columns, expected {len(numeric)}")
-        if not split:
+        if not lines:
             results[name] = []
             continue
-        # Column by column (every row has them all): a million rows converted in C loops, not a call per field.
-        columns = [list(map(int, column)) if is_number else list(column)
-                   for column, is_number in zip(zip(*split, strict=True), numeric, strict=True)]
+        width = len(numeric)
+        tabs = set(map(_TABS, lines))
+        if tabs != {width - 1}:
+            first = next(line.count("\t") for line in lines if line.count("\t") != width - 1)  # the first bad row's
+            raise EngineError(f"{path}: row of {first + 1} columns, expected {width}")
+        # Every row has every column: the fields in one split, each column a slice of them, converted in C loops
+        # (a million rows; a split per line took most of the time).
+        table = _integer_table(lines, width) if all(numeric) else None
+        if table is not None:
+            columns = [table[:, k].tolist() for k in range(width)]
+        else:
+            fields = "\t".join(lines).split("\t")
+            columns = [list(map(int, fields[k::width])) if is_number else fields[k::width]
+                       for k, is_number in enumerate(numeric)]
         results[name] = sorted(zip(*columns, strict=True))
     return results
+
+
+_TABS = operator.methodcaller("count", "\t")
+
+
+def _integer_table(lines: list[str], width: int) -> np.ndarray | None:
+    """``int64[len(lines), width]``: rows of ``width`` tab-separated integers, parsed in one C loop; ``None`` where
+    a field is anything else or outside int64 (``int`` then reads the fields one by one, and says which)."""
+    # Imported here: importing numpy starts its BLAS threads, which take signals this module's importers time
+    # with (``engine._time_limit``); the reading of outputs needs it, not the import.
+    import numpy as np
+
+    int64 = np.iinfo(np.int64)
+    try:
+        numbers = np.fromstring("\n".join(lines), dtype=np.int64, sep="\t")
+    except ValueError:
+        return None
+    if len(numbers) != len(lines) * width or numbers.max() == int64.max or numbers.min() == int64.min:
+        return None  # an empty field, or a number numpy clipped to int64
+    return numbers.reshape(len(lines), width)
 
 
 def run_souffle(
@@ -113,11 +146,24 @@ def run_souffle(
 
 def _compiled_binary(souffle: str, program_file: Path, *, workdir: Path, timeout_s: float) -> Path:
     """Compile once per distinct (souffle, preprocessed program) and reuse the binary. Reading the
-    program counts towards ``timeout_s``; the compile itself has ``COMPILE_TIMEOUT_S``."""
+    program counts towards ``timeout_s``; the compile itself has ``COMPILE_TIMEOUT_S``.
+
+    Soufflé's preprocessed program (0.2 CPU s for the default rules, on every run) is asked once per distinct
+    sources (``_sources_key``: the souffle executable, the program text and the text of every file it includes);
+    ``keys/<key>`` keeps the digest it gave."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "toast" / "souffle"
+    key = _sources_key(souffle, program_file)
+    known = cache / "keys" / key if key else None
+    digest = ""
+    if known is not None:
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            digest = known.read_text().strip()
+    # A digest as this function writes it (24 hex digits), never a path out of the cache.
+    if re.fullmatch(r"[0-9a-f]{24}", digest) and (cache / digest / "program").is_file():
+        return cache / digest / "program"
     preprocessed = _run([souffle, "--show=transformed-datalog", str(program_file)], what="souffle",
                         timeout_s=timeout_s, cwd=workdir, sources=included_files(program_file))
     digest = hashlib.sha256((souffle + "\0" + preprocessed).encode()).hexdigest()[:24]
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "toast" / "souffle"
     binary = cache / digest / "program"
     if not binary.is_file():
         build = cache / f"{digest}.tmp{os.getpid()}"
@@ -132,7 +178,29 @@ def _compiled_binary(souffle: str, program_file: Path, *, workdir: Path, timeout
         (cache / digest).mkdir(parents=True, exist_ok=True)
         os.replace(build / "program", binary)
         shutil.rmtree(build, ignore_errors=True)
+    if known is not None:
+        with contextlib.suppress(OSError):  # a cache that cannot be written: asked again next time
+            known.parent.mkdir(parents=True, exist_ok=True)
+            partial = known.with_name(f"{known.name}.tmp{os.getpid()}")
+            partial.write_text(digest)
+            os.replace(partial, known)
     return binary
+
+
+def _sources_key(souffle: str, program_file: Path) -> str:
+    """A digest of all Soufflé's preprocessed program depends on: the souffle executable (path, size, modification
+    time), the program text and ``(path, text)`` of every file it includes, as toast's preprocessor finds them
+    (the analysis cache's key holds the same); ``""`` where they cannot be read (Soufflé is then asked)."""
+    try:
+        text = program_file.read_text()
+        files = preprocess_text(text, program_file).files
+        stat = os.stat(souffle)
+    except (RuleError, OSError, UnicodeDecodeError):
+        return ""
+    digest = hashlib.sha256()
+    for part in (souffle, f"{stat.st_size}:{stat.st_mtime_ns}", text, *(f"{path}\0{body}" for path, body in files)):
+        digest.update(part.encode("utf-8", "surrogatepass") + b"\0\0")
+    return digest.hexdigest()[:32]
 
 
 def _run(command: list[str], *, what: str, timeout_s: float, cwd: Path, sources: Sequence[Path] = ()) -> str:

@@ -15,6 +15,8 @@ import operator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import numpy as np
+
 from toast.frontend.ir import Program
 
 
@@ -68,18 +70,27 @@ _OP_AND_OPERAND = operator.itemgetter(0, 1)  # a UseSite's (op, operand)
 
 def number_names(program: Program) -> DimensionNames:
     """Number the dimension names and uses of ``program`` (see the module docstring)."""
-    ranks = [len(value.shape) for value in program.values]
-    def_base = list(itertools.accumulate(ranks, initial=0))
-    defs = [(value_id, dim) for value_id, rank in enumerate(ranks) for dim in range(rank)]
-    uses: list[tuple[int, int, int]] = []
-    sites: list[UseSite] = []
-    name = def_base.pop()  # the first use name: one past the last definition name
-    for op in program.ops:
-        op_id = op.id
-        for index, value_id in enumerate(op.operands):
-            sites.append(UseSite(op_id, index, value_id, name))
-            rank = ranks[value_id]
-            if rank:
-                uses += [(op_id, index, dim) for dim in range(rank)]
-                name += rank
-    return DimensionNames(tuple(defs), tuple(uses), tuple(def_base), tuple(sites))
+    values, ops = program.values, program.ops
+    ranks = np.fromiter(map(len, map(_SHAPE, values)), dtype=np.int64, count=len(values))
+    def_base = np.cumsum(ranks) - ranks
+    def_count = int(ranks.sum())
+    # In arrays (a 90k-op program has half a million names): each name's value (use) and dim, by name.
+    def_dims = np.arange(def_count, dtype=np.int64) - np.repeat(def_base, ranks)
+    defs = zip(np.repeat(np.arange(len(values), dtype=np.int64), ranks).tolist(), def_dims.tolist(), strict=True)
+    operand_counts = np.fromiter(map(len, map(_OPERANDS, ops)), dtype=np.int64, count=len(ops))
+    used = np.fromiter(itertools.chain.from_iterable(map(_OPERANDS, ops)), dtype=np.int64,
+                       count=int(operand_counts.sum()))
+    site_ops = np.repeat(np.fromiter(map(_ID, ops), dtype=np.int64, count=len(ops)), operand_counts)
+    site_operands = np.arange(len(used), dtype=np.int64) - np.repeat(np.cumsum(operand_counts) - operand_counts,
+                                                                      operand_counts)
+    use_ranks = ranks[used]
+    firsts = def_count + np.cumsum(use_ranks) - use_ranks
+    sites = map(tuple.__new__, itertools.repeat(UseSite),
+                zip(site_ops.tolist(), site_operands.tolist(), used.tolist(), firsts.tolist(), strict=True))
+    use_dims = np.arange(int(use_ranks.sum()), dtype=np.int64) - np.repeat(firsts - def_count, use_ranks)
+    uses = zip(np.repeat(site_ops, use_ranks).tolist(), np.repeat(site_operands, use_ranks).tolist(),
+               use_dims.tolist(), strict=True)
+    return DimensionNames(tuple(defs), tuple(uses), tuple(def_base.tolist()), tuple(sites))
+
+
+_SHAPE, _OPERANDS, _ID = operator.attrgetter("shape"), operator.attrgetter("operands"), operator.attrgetter("id")

@@ -329,10 +329,11 @@ def check_rows(name: str, rows: list[tuple]) -> list[tuple]:
     relation = RELATIONS.get(name)
     if relation is None:
         raise EngineError(f"engine returned unknown relation '{name}'")
-    for row in rows:
-        if len(row) != relation.arity:
-            raise EngineError(
-                f"relation '{name}' has rows of {len(row)} columns, expected {relation.arity} "
-                f"({', '.join(c for c, _ in relation.columns)})"
-            )
+    arity = relation.arity
+    if set(map(len, rows)) - {arity}:  # lengths in one C loop: a relation can have a million rows
+        width = next(len(row) for row in rows if len(row) != arity)  # the first bad row's
+        raise EngineError(
+            f"relation '{name}' has rows of {width} columns, expected {arity} "
+            f"({', '.join(c for c, _ in relation.columns)})"
+        )
     return rows

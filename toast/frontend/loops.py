@@ -109,42 +109,51 @@ def loop_nest(program: Program) -> LoopNest:
 
 def _loop_nest(program: Program) -> LoopNest:
     ops = program.ops
-    loop_of_op = np.full(len(ops), -1, dtype=np.int64)
+    # In lists, then arrays (an element store into an array per op was most of the time).
+    loop_of_op = [-1] * len(ops)
     for op in ops:  # parents come first
         if op.parent is not None:
             parent = op.parent[0]
             loop_of_op[op.id] = parent if ops[parent].kind == WHILE else loop_of_op[parent]
-    loops: dict[int, Loop] = {}
-    loop_of_value = np.full(len(program.values), -1, dtype=np.int64)
+    # The ops of each region of each while (condition, body), in program order: what a trip count reads.
+    regions: dict[tuple[int, int], list[Op]] = {}
     for op in ops:
-        inner = int(loop_of_op[op.id])
+        if op.parent is not None and loop_of_op[op.id] == op.parent[0]:
+            regions.setdefault(op.parent, []).append(op)
+    loops: dict[int, Loop] = {}
+    loop_of_value = [-1] * len(program.values)
+    for op in ops:
+        outer = inner = loop_of_op[op.id]
         if op.kind == WHILE:
-            trips = _trip_count(program, op)
+            trips = _trip_count(program, op, regions.get((op.id, 0), []), regions.get((op.id, 1), []))
             loops[op.id] = Loop(op.id, trips or 1, trips is not None, inner,
                                 op.regions[1] if len(op.regions) >= 2 else ())
             inner = op.id
         for args in op.regions:
-            loop_of_value[list(args)] = inner
-        loop_of_value[list(op.results)] = loop_of_op[op.id]
+            for value_id in args:
+                loop_of_value[value_id] = inner
+        for value_id in op.results:
+            loop_of_value[value_id] = outer
     repeats = {-1: 1}
     for loop in loops.values():  # program order: the loop around one comes before it
         repeats[loop.op] = repeats[loop.enclosing] * loop.trip_count
-    repeats_of_op = np.asarray([repeats[int(loop)] for loop in loop_of_op.tolist()], dtype=np.int64)
-    for array in (loop_of_op, loop_of_value, repeats_of_op):
+    arrays = (np.asarray(loop_of_op, dtype=np.int64).reshape(len(ops)),
+              np.asarray(loop_of_value, dtype=np.int64).reshape(len(program.values)),
+              np.asarray([repeats[loop] for loop in loop_of_op], dtype=np.int64).reshape(len(ops)))
+    for array in arrays:
         array.setflags(write=False)  # shared by every stage reading the program's loops
-    return LoopNest(loops, loop_of_op, loop_of_value, repeats_of_op)
+    return LoopNest(loops, *arrays)
 
 
-def _trip_count(program: Program, loop: Op) -> int | None:
+def _trip_count(program: Program, loop: Op, cond_ops: list[Op], body_ops: list[Op]) -> int | None:
     """Iterations of a counted while loop (``for i in range(a, b, s)`` as ``lax.scan``/``fori_loop`` lower
     it): the condition compares a carried counter against a constant, the body adds a constant to it, and
-    the counter starts from a constant. ``None`` when the loop is not of that form."""
+    the counter starts from a constant. ``None`` when the loop is not of that form. ``cond_ops``, ``body_ops``:
+    the ops of its condition and body regions (not of regions inside them), in program order."""
     ops, producer = program.ops, program.producer
     if len(loop.regions) < 2:
         return None
     cond_args, body_args = loop.regions[0], loop.regions[1]
-    cond_ops = [op for op in ops if op.parent == (loop.id, 0)]
-    body_ops = [op for op in ops if op.parent == (loop.id, 1)]
     if not cond_ops or cond_ops[-1].kind not in TERMINATORS:
         return None
     condition = cond_ops[-1].operands[0]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import operator
 import os
 import sysconfig
 from collections.abc import Callable, Sequence
@@ -24,6 +25,7 @@ from typing import Any
 
 from toast.errors import InputError
 from toast.frontend.ir import Op, Program, Value
+from toast.frozen import constructor
 
 _MAX_INLINE_DEPTH = 64
 
@@ -570,7 +572,13 @@ _SKIPPED_ATTRIBUTES = frozenset({"value", "backend_config", "mhlo.frontend_attri
 
 
 class _Reader:
-    """Walks the entry function, inlining private functions, and numbers values and ops."""
+    """Walks the entry function, inlining private functions, and numbers values and ops.
+
+    Each function's operations are fetched once, in pre-order, by one ``Operation.walk`` (plain ``Operation``
+    objects: iterating blocks builds an OpView subclass per op, twice the bindings' time); the reader then
+    consumes that list in order, an op's regions' ops right after it (``_walk``), and each inlined call reads
+    its callee's list again.
+    """
 
     def __init__(self, module: Any, source: str) -> None:
         self.source = source
@@ -590,6 +598,8 @@ class _Reader:
         self._constants: dict[Any, tuple[tuple[str, Any], ...]] = {}
         self._locations: dict[Any, str] = {}
         self._types: dict[Any, tuple[tuple[int, ...], str, int]] = {}
+        # function name -> its body's operations in pre-order (``_operations``), walked once however often called.
+        self._bodies: dict[str, list[Any]] = {}
 
     def program(self, *, text: str = "") -> Program:
         entry = self._entry_function()
@@ -608,7 +618,8 @@ class _Reader:
                     self.values[value] = dataclasses.replace(self.values[value], memory_kind=kind)
             env[arg] = value
             arguments.append(value)
-        self._walk_block(block, env, names, prefix="", parent=None, depth=0, call_loc="")
+        body = self._operations(entry)
+        self._walk(body, 1, len(block.operations), env, names, "", None, 0, "")
         terminator = self.ops[-1]
         results = terminator.operands
         self._name_results(entry, results, set(arguments))
@@ -625,6 +636,20 @@ class _Reader:
 
     def _entry_function(self) -> Any:
         return entry_function(self.functions, self.source)
+
+    def _operations(self, function: Any) -> list[Any]:
+        """``function`` and every operation inside it, nested ones included, in pre-order (an op, then its
+        regions' ops in order): ``[function, op, op's first nested op, ...]``."""
+        operations: list[Any] = []
+        append = operations.append
+        advance = ir.WalkResult.ADVANCE
+
+        def collect(operation: Any) -> Any:
+            append(operation)
+            return advance
+
+        function.operation.walk(collect, ir.WalkOrder.PRE_ORDER)
+        return operations
 
     def _name_results(self, entry: Any, results: tuple[int, ...], arguments: set[int]) -> None:
         """Give returned values the entry function's ``jax.result_info`` names."""
@@ -647,78 +672,103 @@ class _Reader:
             self.values[value_id] = dataclasses.replace(old, name=label)
 
     def _new_value(self, mlir_value: Any, *, name: str, loc: str, what: str) -> int:
-        mlir_type = mlir_value.type
-        typed = self._types.get(mlir_type)
-        if typed is None:  # a type not met yet (types are uniqued too); a dynamic shape fails here, first met
-            typed = self._types[mlir_type] = _tensor_type(mlir_type, what=what, where=loc or self.source)
-        shape, dtype, bits = typed
-        value = Value(len(self.values), name, shape, dtype, bits, loc)
+        typed = self._type(mlir_value.type, what=what, where=loc)
+        value = Value(len(self.values), name, *typed, loc)
         self.values.append(value)
         return value.id
 
-    def _walk_block(self, block: Any, env: dict[Any, int], names: Any, *, prefix: str,
-                    parent: tuple[int, int] | None, depth: int, call_loc: str) -> None:
-        for mlir_op in block.operations:
-            self._visit(mlir_op, env, names, prefix=prefix, parent=parent, depth=depth, call_loc=call_loc)
+    def _type(self, mlir_type: Any, *, what: str, where: str) -> tuple[tuple[int, ...], str, int]:
+        """``_tensor_type`` of ``mlir_type``, once per distinct type (types are uniqued too); a dynamic shape
+        fails here, where first met."""
+        typed = self._types.get(mlir_type)
+        if typed is None:
+            typed = self._types[mlir_type] = _tensor_type(mlir_type, what=what, where=where or self.source)
+        return typed
 
-    def _visit(self, mlir_op: Any, env: dict[Any, int], names: Any, *, prefix: str,
-               parent: tuple[int, int] | None, depth: int, call_loc: str) -> None:
-        kind = mlir_op.operation.name
-        location = mlir_op.location
-        key = location.attr
-        user_loc = self._locations.get(key)
-        if user_loc is None:
-            user_loc = self._locations[key] = python_location(location)
-        # Ops of private functions (relu, log_softmax) carry no user frame: use the call's.
-        loc = user_loc or call_loc
-        try:
-            operands = tuple(env[v] for v in mlir_op.operands)
-        except KeyError:  # pragma: no cover - MLIR verifies dominance before we get here
-            raise InputError(f"{loc or self.source}: {kind} uses a value defined outside its scope") from None
-        results = tuple(
-            self._new_value(r, name=(name := prefix + r.get_name(names)), loc=loc, what=f"{kind} result {name}")
-            for r in mlir_op.results
-        )
-        for mlir_result, value_id in zip(mlir_op.results, results, strict=True):
-            env[mlir_result] = value_id
-        op_id = len(self.ops)
-        attrs = self._attributes(mlir_op)
-        if kind == "stablehlo.custom_call":
-            attrs = tuple(sorted(attrs + kernel_attributes(mlir_op.attributes, where=loc or self.source),
-                                 key=lambda kv: kv[0]))
-            placed = memory_placement(mlir_op.attributes)
-            for value_id in results if placed else ():
-                self.values[value_id] = dataclasses.replace(self.values[value_id], memory_kind=placed)
+    def _walk(self, operations: list[Any], index: int, count: int, env: dict[Any, int], names: Any, prefix: str,
+              parent: tuple[int, int] | None, depth: int, call_loc: str) -> int:
+        """Read the ``count`` ops of one block, which start at ``operations[index]`` (a pre-order list,
+        ``_operations``), each with the ops of its regions; the index after the last of them."""
+        values, ops, types, locations, trace = self.values, self.ops, self._types, self._locations, self.trace
+        make_value, make_op = _MAKE_VALUE, _MAKE_OP
+        for _ in range(count):
+            mlir_op = operations[index]
+            index += 1
+            kind = mlir_op.name
+            location = mlir_op.location
+            key = location.attr
+            user_loc = locations.get(key)
+            if user_loc is None:
+                user_loc = locations[key] = python_location(location)
+            # Ops of private functions (relu, log_softmax) carry no user frame: use the call's.
+            loc = user_loc or call_loc
+            try:
+                operands = tuple(map(env.__getitem__, mlir_op.operands))
+            except KeyError:  # pragma: no cover - MLIR verifies dominance before we get here
+                raise InputError(f"{loc or self.source}: {kind} uses a value defined outside its scope") from None
+            results = []
+            for mlir_result in mlir_op.results:
+                name = prefix + mlir_result.get_name(names)
+                mlir_type = mlir_result.type
+                typed = types.get(mlir_type)
+                if typed is None:
+                    typed = self._type(mlir_type, what=f"{kind} result {name}", where=loc)
+                value_id = len(values)
+                values.append(make_value(value_id, name, *typed, loc, ""))
+                env[mlir_result] = value_id
+                results.append(value_id)
+            result_ids = tuple(results)
+            op_id = len(ops)
+            attributes = mlir_op.attributes
+            attrs = self._attributes(kind, attributes) if len(attributes) else ()
+            if kind == "stablehlo.custom_call":
+                attrs = tuple(sorted(attrs + kernel_attributes(attributes, where=loc or self.source),
+                                     key=_FIRST))
+                placed = memory_placement(attributes)
+                for value_id in result_ids if placed else ():
+                    values[value_id] = dataclasses.replace(values[value_id], memory_kind=placed)
+            # Reserve the op's slot first so parents precede their children.
+            ops.append(make_op(op_id, kind, operands, result_ids, attrs, loc, parent, ()))
+            if trace is not None:
+                trace.append((mlir_op, depth > 0))
+            regions: tuple[tuple[int, ...], ...]
+            if kind == "func.call":
+                regions = (self._inline_call(mlir_op, op_id, loc=loc, depth=depth),)
+            elif len(mlir_op.regions):
+                regions, index = self._regions(mlir_op, kind, op_id, operations, index, env, names, prefix, loc,
+                                               depth, call_loc)
+            else:  # most ops: the reserved op is the op
+                continue
+            ops[op_id] = make_op(op_id, kind, operands, result_ids, attrs, loc, parent, regions)
+        return index
+
+    def _regions(self, mlir_op: Any, kind: str, op_id: int, operations: list[Any], index: int,
+                 env: dict[Any, int], names: Any, prefix: str, loc: str, depth: int,
+                 call_loc: str) -> tuple[tuple[tuple[int, ...], ...], int]:
+        """Read the regions of ``mlir_op`` (op ``op_id``), whose ops start at ``operations[index]``: each
+        region's block arguments, and the index after its last nested op."""
         regions: list[tuple[int, ...]] = []
-        # Reserve the op's slot first so parents precede their children.
-        self.ops.append(Op(op_id, kind, operands, results, attrs, loc, parent, ()))
-        if self.trace is not None:
-            self.trace.append((mlir_op, depth > 0))
-        if kind != "func.call" and not len(mlir_op.regions):  # most ops: the reserved op is the op
-            return
-        if kind == "func.call":
-            regions.append(self._inline_call(mlir_op, op_id, env, loc=loc, depth=depth))
-        else:
-            for region_index, region in enumerate(mlir_op.regions):
-                if not region.blocks:
-                    regions.append(())
-                    continue
-                block = region.blocks[0]
-                if len(region.blocks) > 1:
-                    raise InputError(f"{loc or self.source}: {kind} has a region with several blocks; "
-                                     "toast reads structured StableHLO only")
-                args = tuple(
-                    self._new_value(a, name=prefix + a.get_name(names), loc=loc, what=f"block argument of {kind}")
-                    for a in block.arguments
-                )
-                for mlir_arg, value_id in zip(block.arguments, args, strict=True):
-                    env[mlir_arg] = value_id
-                regions.append(args)
-                self._walk_block(block, env, names, prefix=prefix, parent=(op_id, region_index), depth=depth,
-                                 call_loc=call_loc)
-        self.ops[op_id] = Op(op_id, kind, operands, results, attrs, loc, parent, tuple(regions))
+        for region_index, region in enumerate(mlir_op.regions):
+            blocks = region.blocks
+            if not len(blocks):
+                regions.append(())
+                continue
+            if len(blocks) > 1:
+                raise InputError(f"{loc or self.source}: {kind} has a region with several blocks; "
+                                 "toast reads structured StableHLO only")
+            block = blocks[0]
+            args = tuple(
+                self._new_value(a, name=prefix + a.get_name(names), loc=loc, what=f"block argument of {kind}")
+                for a in block.arguments
+            )
+            for mlir_arg, value_id in zip(block.arguments, args, strict=True):
+                env[mlir_arg] = value_id
+            regions.append(args)
+            index = self._walk(operations, index, len(block.operations), env, names, prefix, (op_id, region_index),
+                               depth, call_loc)
+        return tuple(regions), index
 
-    def _inline_call(self, mlir_op: Any, op_id: int, env: dict[Any, int], *, loc: str, depth: int) -> tuple[int, ...]:
+    def _inline_call(self, mlir_op: Any, op_id: int, *, loc: str, depth: int) -> tuple[int, ...]:
         """Walk a fresh copy of the callee's body inside region 0 of the call op."""
         callee_name = mlir_op.attributes["callee"].value
         callee = self.functions.get(callee_name)
@@ -739,25 +789,27 @@ class _Reader:
         )
         for mlir_arg, value_id in zip(block.arguments, args, strict=True):
             callee_env[mlir_arg] = value_id
-        self._walk_block(block, callee_env, names, prefix=prefix, parent=(op_id, 0), depth=depth + 1, call_loc=loc)
+        body = self._bodies.get(callee_name)
+        if body is None:
+            body = self._bodies[callee_name] = self._operations(callee)
+        self._walk(body, 1, len(block.operations), callee_env, names, prefix, (op_id, 0), depth + 1, loc)
         return args
 
-    def _attributes(self, mlir_op: Any) -> tuple[tuple[str, Any], ...]:
+    def _attributes(self, kind: str, attributes: Any) -> tuple[tuple[str, Any], ...]:
+        """The decoded attributes of an op of kind ``kind`` (``attributes``: its MLIR attributes), sorted by name."""
         decoded = []
-        attributes = mlir_op.attributes
         known = self._decoded
         for name in attributes:
             name = getattr(name, "name", name)  # older bindings yield NamedAttribute
             if name in _SKIPPED_ATTRIBUTES:
                 continue
             attr = attributes[name]
-            if attr in known:
-                value = known[attr]
-            else:
+            value = known.get(attr, _MISSING)
+            if value is _MISSING:
                 value = known[attr] = decode_attribute(attr)
             if value is not None:
                 decoded.append((name, value))
-        if mlir_op.operation.name == "stablehlo.constant" and "value" in attributes:
+        if kind == "stablehlo.constant" and "value" in attributes:
             attr = attributes["value"]
             constant = self._constants.get(attr)
             if constant is None:
@@ -766,4 +818,12 @@ class _Reader:
                     (("scalar", scalar),) if scalar is not None else ()) + (
                     (("splat", splat),) if splat is not None else ())
             decoded += constant
-        return tuple(sorted(decoded, key=lambda kv: kv[0]))
+        if len(decoded) > 1:
+            decoded.sort(key=_FIRST)
+        return tuple(decoded)
+
+
+_FIRST = operator.itemgetter(0)
+# ``Value(...)`` and ``Op(...)`` with every field given, in half the time (``toast.frozen.constructor``).
+_MAKE_VALUE, _MAKE_OP = constructor(Value), constructor(Op)
+_MISSING = object()
