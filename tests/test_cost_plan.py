@@ -111,7 +111,7 @@ def test_the_step_time_bound_is_the_busier_stream(split):
                                   "benchmarks.programs.llama3:llama3?layers=4"])
 def test_the_step_time_bound_never_exceeds_the_step_time(spec):
     """On bundled programs' random search states (reuse path: the makespan jumping over layers, to 1e-12), the bound
-    is at most the step time, and the two halves give ``absolute_cost``."""
+    is at most the step time, the floor of the peak at most the peak, and the two halves give ``absolute_cost``."""
     from conftest import walk_atoms
 
     from toast.search.actions import ActionSpace
@@ -127,6 +127,26 @@ def test_the_step_time_bound_never_exceeds_the_step_time(spec):
         rows = costs.priced_rows(state)
         bound, cost = costs.step_time_bound(rows), costs.evaluate(state, collectives=False)
         assert bound <= cost.step_time_s * (1 + 1e-12)
+        assert 0 < costs.peak_floor(state) <= cost.peak_bytes
         assert costs.evaluate_rows(rows, collectives=False) == cost
         below += bound < cost.step_time_s * (1 - 1e-9)
     assert below  # a bound, not the step time itself
+
+
+def test_the_peak_floor_is_the_arguments(split):
+    """``CostModel.peak_floor``: the buffers live at the memory timeline's first position, from the state's byte
+    classes alone: unsharded, x [256, 512] and w [512, 256] in f32 (4 blocks of 256 x 256); with the contracting dim
+    over model=2, each device's halves (2 blocks, the first position of the timeline worked out above)."""
+    from toast.search.actions import ActionSpace
+
+    model, unit, state = split
+    space = ActionSpace(model, min_names=0)
+    costs = CostModel(model, unit)
+    assert costs.peak_floor(space.state(space.initial_atoms)) == 4 * SHARD
+    color = int(state.actions[0].color)
+    index = next(k for k, action in enumerate(space.actions) if action.colors == (color,) and action.axis == "model"
+                 and not action.stored)
+    split_state = space.state(space.step(space.initial_atoms, index))
+    assert costs.peak_floor(split_state) == 2 * SHARD
+    assert costs.evaluate(split_state).step_time_s == pytest.approx(MATMUL + ALL_REDUCE + TANH + STEP)
+    assert costs.peak_floor(state) == 0  # not built on a partition: no floor

@@ -331,15 +331,20 @@ def test_a_descent_step_costs_only_the_moves_that_could_be_best(monkeypatch):
 
 
 def test_a_search_that_bounds_states_finds_what_costing_each_finds(monkeypatch):
-    """The search asks whether a rollout's state fits from its peak alone (``_Memo.fits``: the state priced up to
-    its schedule, not scheduled) and bounds descents' moves (``_Memo.best_step``): the same result, states
-    scored and step time as costing every state it asks about, with fewer states costed in full."""
+    """The search asks whether a rollout's state fits from its peak alone (``_Memo.fits``: a floor of the peak, or
+    the state priced up to its schedule, not scheduled) and bounds descents' moves (``_Memo.best_step``): the same
+    result, states scored and step time as costing every state it asks about, with fewer states costed in full."""
     from toast.search.exhaustive import OVER_MEMORY
     from toast.search.mcts import _Memo
 
     analysis = analysis_of(GPT)
     model = ShardingModel(analysis, parse_mesh("batch=2,model=4"))
-    space, costs = ActionSpace(model), toast.CostModel(model, A100, device_memory=0.5 * 2**30)
+    # A limit at 30% of the unsharded peak (973,060 bytes): below the arguments of many states the rollouts pass.
+    space, costs = ActionSpace(model), toast.CostModel(model, A100, device_memory=0.3 * 973_060)
+    assert costs.initial.peak_bytes == 973_060
+    floors_over: list[int] = []
+    monkeypatch.setattr(costs, "peak_floor", lambda state, _f=costs.peak_floor: floors_over.append(
+        _f(state) > costs.device_memory) or _f(state))
     scheduled: list[str] = []
     monkeypatch.setattr(toast.cost.model, "scheduled_cost",
                         lambda *a, _f=toast.cost.model.scheduled_cost, **k: scheduled.append("x") or _f(*a, **k))
@@ -356,6 +361,7 @@ def test_a_search_that_bounds_states_finds_what_costing_each_finds(monkeypatch):
     # Costing each schedules each state scored once (and the result's once more, listing its collectives).
     assert len(scheduled) == costing.evaluations + 1
     assert scheduled_bounding < len(scheduled)
+    assert any(floors_over)  # states left at the floor of their peak
 
 
 def test_the_rollout_budget_is_spent_unless_the_space_is_exhausted():

@@ -444,6 +444,8 @@ class CostModel:
         # The per-partition grouping of kernels (``kernel_moves``) and, with ``reuse``, the collectives' classes
         # (``ClassTable``), kept for the last partition asked for.
         self._moves: tuple[NamePartition, KernelMoves] | None = None
+        # The buffer cells at the memory timeline's first position (``peak_floor``), for the last moves asked for.
+        self._first_cells: tuple[KernelMoves, np.ndarray, np.ndarray] | None = None
         self._classes: tuple[NamePartition, ClassTable] | None = None
         self.initial = self._absolute(model.initial())
 
@@ -523,6 +525,22 @@ class CostModel:
         ``step_time_bound`` and ``evaluate_rows`` need."""
         classes = self.classes(state.partition) if state.partition is not None else None
         return priced_rows(self.cost_plan, state, moves=self._moves_of(state), classes=classes)
+
+    def peak_floor(self, state: ShardingState) -> int:
+        """A lower bound of the state's peak, bytes, from a few of its numbers: the device buffers live at the
+        memory timeline's first position (the arguments: a training step's parameters and optimizer state), which
+        the other buffers and copies only add to. 0 where the state is not priced per class of alike buffers
+        (built on no partition, without ``reuse``, with donated arguments)."""
+        moves = self._moves_of(state)
+        if moves is None or not self.cost_plan.reuse or self.cost_plan.donate:
+            return 0
+        cached = self._first_cells
+        if cached is None or cached[0] is not moves:
+            position, byte_class, count = moves.buffer_cells
+            first = position == 0
+            cached = self._first_cells = (moves, byte_class[first], count[first])
+        _, byte_class, count = cached
+        return int((self.communication.class_bytes(state).take(byte_class) * count).sum())
 
     def step_time_bound(self, rows: PricedRows) -> float:
         """A lower bound of the step time of ``rows``' state, seconds (``toast.cost.model.step_time_bound``):

@@ -293,8 +293,9 @@ class _Memo:
 
     def fits(self, key: bytes) -> bool:
         """Whether the state's peak is within the memory limit, scoring it: from its cost where it has one, else
-        priced up to its schedule only (``CostModel.priced_rows``): a rollout asks before it stops at a state,
-        and where the state does not fit it goes on, never costing it."""
+        from a floor of its peak (``CostModel.peak_floor``) where that is over the limit, else priced up to its
+        schedule only (``CostModel.priced_rows``): a rollout asks before it stops at a state, and where the state
+        does not fit it goes on, never costing it."""
         self.scored.add(hash(key))
         learned = self.known.get(key)
         cost = self.cache.get(key)
@@ -304,6 +305,8 @@ class _Memo:
             peak = cost.peak_bytes
         else:
             bound = self.bounds.get(key)
+            if bound is None and self.costs.peak_floor(self.space.state(self.states[key])) > self.costs.device_memory:
+                return False  # its arguments alone are over the limit (most states a rollout passes, under one)
             peak = bound[1] if bound is not None else self._priced(key, timed=False)[0][1]
         return peak <= self.costs.device_memory
 
