@@ -214,6 +214,22 @@ def test_a_planted_key_cannot_point_out_of_the_cache(monkeypatch, tmp_path):
     assert (cache / "keys" / souffle._sources_key(executable, program)).read_text() == digest  # the key mended
 
 
+def test_a_key_file_is_read_without_links_and_within_a_limit(tmp_path):
+    """A key file is read at most 64 bytes and never through a link: a link to a device that never ends, or to a
+    digest elsewhere, reads as no key (Soufflé is then asked)."""
+    digest = "0123456789abcdef01234567"
+    (tmp_path / "plain").write_text(digest + "\n")
+    assert souffle._read_key(tmp_path / "plain") == digest
+    (tmp_path / "elsewhere").write_text(digest)
+    (tmp_path / "linked").symlink_to(tmp_path / "elsewhere")
+    assert souffle._read_key(tmp_path / "linked") == ""
+    (tmp_path / "endless").symlink_to("/dev/zero")
+    assert souffle._read_key(tmp_path / "endless") == ""
+    (tmp_path / "long").write_text("f" * 10_000)
+    assert souffle._read_key(tmp_path / "long") == "f" * 64
+    assert souffle._read_key(tmp_path / "missing") == ""
+
+
 @pytest.mark.skipif(shutil.which("souffle") is None, reason="needs Soufflé on PATH")
 def test_souffle_is_asked_for_the_preprocessed_program_once(monkeypatch):
     program = load_program("toast.examples.mlp:mlp")

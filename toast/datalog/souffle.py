@@ -156,8 +156,7 @@ def _compiled_binary(souffle: str, program_file: Path, *, workdir: Path, timeout
     known = cache / "keys" / key if key else None
     digest = ""
     if known is not None:
-        with contextlib.suppress(OSError, UnicodeDecodeError):
-            digest = known.read_text().strip()
+        digest = _read_key(known)
     # A digest as this function writes it (24 hex digits), never a path out of the cache.
     if re.fullmatch(r"[0-9a-f]{24}", digest) and (cache / digest / "program").is_file():
         return cache / digest / "program"
@@ -185,6 +184,22 @@ def _compiled_binary(souffle: str, program_file: Path, *, workdir: Path, timeout
             partial.write_text(digest)
             os.replace(partial, known)
     return binary
+
+
+def _read_key(path: Path) -> str:
+    """A key file's digest: at most its first 64 bytes, never through a link (a planted one could name a device
+    that never ends); ``""`` where it cannot be read so."""
+    try:
+        handle = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+                         | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return ""
+    try:
+        return os.read(handle, 64).decode("ascii", "replace").strip()
+    except OSError:
+        return ""
+    finally:
+        os.close(handle)
 
 
 def _sources_key(souffle: str, program_file: Path) -> str:
