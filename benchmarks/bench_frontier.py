@@ -12,15 +12,15 @@ Cases (``benchmarks/programs/frontier.py``; hardware ``h100``, the analysis cach
 * ``405b-4axis``: the same step on ``data=16,fsdp=32,seq=2,model=8``: 8192 devices over four axes.
 
 Each case runs in a child process: ``toast``'s command line (``toast.cli.main``, ``toast autoshard SPEC --mesh MESH
---hardware h100 --no-cache``) with probes around the stages. The parent reads the child's CPU seconds (user + system
-of it and its own children: Soufflé, the search's workers) from ``resource.getrusage(RUSAGE_CHILDREN)``, and wall
-seconds; the child, its peak resident memory (``ru_maxrss`` of itself and of its children: the largest process of
-the tree). The probes time each stage in CPU seconds of the child and its children (inclusive: a stage's row
-counts the stages it calls, shown indented below it); ``other`` is what no top-level probe covers in toast's
-``main`` (argument parsing, the table printed), ``start-up`` the Python start and the imports before it. ``lower
-with JAX`` includes importing JAX and the program's module (their first use); the summary's ``search CPU s`` is
-``find_strategy``'s seconds less those of its other rows. ``--profile DIR`` also writes each child's cProfile
-statistics to ``DIR/<case>.prof``.
+--hardware h100 --no-cache``) with probes around the stages, ended as the ``toast`` command ends (``toast.cli.run``).
+The parent reads the child's CPU seconds (user + system of it and its own children: Soufflé, the search's workers)
+from ``resource.getrusage(RUSAGE_CHILDREN)``, and wall seconds; the child, its peak resident memory (``ru_maxrss`` of
+itself and of its children: the largest process of the tree). The probes time each stage in CPU seconds of the child
+and its children (inclusive: a stage's row counts the stages it calls, shown indented below it); ``other`` is what no
+top-level probe covers in toast's ``main`` (argument parsing, the table printed), ``start-up and exit`` the Python
+start, the imports before it and the process's end. ``lower with JAX`` includes importing JAX and the program's
+module (their first use); the summary's ``search CPU s`` is ``find_strategy``'s seconds less those of its other rows.
+``--profile DIR`` also writes each child's cProfile statistics to ``DIR/<case>.prof``.
 
 Prints one Markdown table per case, then a summary row per case for BENCHMARKS.md. The CPU seconds do not depend
 on other processes on the machine (wall seconds do); the search's seconds depend on ``--rollouts``.
@@ -38,7 +38,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 CASES = {
     "70b": ("benchmarks.programs.frontier:llama3_70b", "data=128,model=8"),
@@ -104,9 +104,10 @@ def _timed(original: Callable[..., Any], stage: str, totals: dict[str, float]) -
     return timed
 
 
-def child(argv: list[str], stages_path: str, profile_path: str | None) -> int:
+def child(argv: list[str], stages_path: str, profile_path: str | None) -> NoReturn:
     """In the child: toast's command line with the probes; the stages' seconds written to ``stages_path``."""
     from toast.cli import main
+    from toast.processes import exit_at_once
 
     totals: dict[str, float] = {}
     _install_probes(totals)
@@ -124,7 +125,7 @@ def child(argv: list[str], stages_path: str, profile_path: str | None) -> int:
     peak_kib = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
                    resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
     Path(stages_path).write_text(json.dumps({"stages": totals, "peak_rss_bytes": peak_kib * 1024}))
-    return status
+    exit_at_once(status)  # as the ``toast`` command ends (``toast.cli.run``): its exit is part of its seconds
 
 
 def run_case(name: str, *, rollouts: int | None, workers: int | None, extra: list[str],
@@ -182,7 +183,7 @@ def main() -> None:
     parser.add_argument("extra", nargs="*", help="more toast autoshard options, after --")
     options = parser.parse_args()
     if options.child:
-        sys.exit(child(options.extra, options.child, options.child_profile))
+        child(options.extra, options.child, options.child_profile)
     if options.profile:
         Path(options.profile).mkdir(parents=True, exist_ok=True)
     results = []
@@ -200,7 +201,7 @@ def main() -> None:
         for stage, seconds in stage_rows(result["stages"]):
             print(f"| {stage} | {seconds:.1f} |")
         if "total (in process)" in result["stages"]:
-            print(f"| start-up (Python, imports before toast's main) | "
+            print(f"| start-up and exit (Python, imports before toast's main, the process's end) | "
                   f"{result['cpu_s'] - result['stages']['total (in process)']:.1f} |")
         print(f"| **whole toast autoshard** (process tree) | **{result['cpu_s']:.1f}** |")
         print(f"wall {result['wall_s']:.1f} s, peak RSS {result['peak_rss_bytes'] / 2 ** 30:.2f} GiB")

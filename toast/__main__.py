@@ -1,5 +1,5 @@
 """``python -m toast``: the ``toast`` command."""
 
-from toast.cli import main
+from toast.cli import run
 
-raise SystemExit(main())
+run()

@@ -8,6 +8,6 @@ in one of those tables.
 Problems the user can fix print one line ``toast: error: ...`` and exit 2; no traceback.
 """
 
-from toast.cli.app import main
+from toast.cli.app import main, run
 
-__all__ = ["main"]
+__all__ = ["main", "run"]

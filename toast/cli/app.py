@@ -10,6 +10,7 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from toast.cli.analysis_commands import ANALYSIS_COMMANDS
 from toast.cli.batch_commands import BATCH_COMMANDS
@@ -17,9 +18,9 @@ from toast.cli.command import Command
 from toast.cli.options import Parser, output_options
 from toast.cli.strategy_commands import STRATEGY_COMMANDS
 from toast.errors import ToastError
-from toast.processes import Terminated, collector_paused, sigterm_as_interrupt
+from toast.processes import Terminated, collector_paused, exit_at_once, sigterm_as_interrupt
 
-__all__ = ["COMMANDS", "main"]
+__all__ = ["COMMANDS", "main", "run"]
 
 # Every command, in ``toast --help``'s order.
 COMMANDS: tuple[Command, ...] = (*ANALYSIS_COMMANDS, *STRATEGY_COMMANDS, *BATCH_COMMANDS)
@@ -54,6 +55,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("toast: interrupted", file=sys.stderr)
         return 128 + signal.SIGINT
+
+
+def run() -> NoReturn:
+    """The ``toast`` command itself (its console script, ``python -m toast``): ``main`` on the process's arguments,
+    then the process ends at once (``toast.processes.exit_at_once``: output flushed, nothing freed one object at a
+    time). ``main`` is for callers that go on after it."""
+    exit_at_once(main())
 
 
 def _run(command: Command, options: argparse.Namespace) -> int:
