@@ -300,6 +300,40 @@ def test_a_worker_scores_what_another_costed_without_costing_it_again(monkeypatc
     assert len(set(expected)) > 1  # states of different scores
 
 
+def test_a_worker_prices_no_state_another_priced_through_the_shared_table(monkeypatch):
+    """Two memos on one ``SharedStates`` table (as two forked workers): the second's descents take the same steps
+    as the first's, and price none of the states the first costed or bounded; without the table it prices them
+    again."""
+    import multiprocessing
+
+    from toast.search.mcts import _Memo, _refill, _RefillTask
+    from toast.search.shared_states import SharedStates
+
+    analysis = analysis_of(GPT)
+    model = ShardingModel(analysis, parse_mesh("batch=2,model=4"))
+    space, costs = ActionSpace(model), toast.CostModel(model, A100, device_memory=0.5 * 2**30)
+    allowed = tuple(range(len(space)))
+    tasks = [_RefillTask((), allowed, "runtime", None), _RefillTask((), allowed, "memory", None),
+             _RefillTask((), allowed, "runtime", None, penalties=(0.25, 4.0))]
+    priced: list[str] = []
+    for name in ("evaluate", "priced_rows"):
+        original = getattr(costs, name)
+        monkeypatch.setattr(costs, name, lambda *args, _original=original, **kwargs: priced.append("x") or
+                            _original(*args, **kwargs))
+    table = SharedStates(context=multiprocessing.get_context("fork"))
+    first = _Memo(costs, space)
+    first.shared = table
+    found = [_refill(space, first, task) for task in tasks]
+    assert priced and len(table) > 0
+    del priced[:]
+    second = _Memo(costs, space)
+    second.shared = table
+    assert [_refill(space, second, task) for task in tasks] == found
+    assert priced == []
+    alone = [_refill(space, _Memo(costs, space), task) for task in tasks]
+    assert alone == found and priced
+
+
 def test_a_descent_step_costs_only_the_moves_that_could_be_best(monkeypatch):
     """A descent's step (``_Memo.best_step``) takes the move of least score, as scoring every move would, under the
     limit, a relaxed limit and the memory goal, and records every move as scored; but moves whose lower bound

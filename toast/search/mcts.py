@@ -23,9 +23,10 @@ whose every action is invalid, already scored (the stop action) or leads to an e
 seeded from ``(seed, phase, lane)``; a lane keeps its tree for the whole budget, and after ``patience``
 rollouts without a better state it **restarts** (below its best state, or afresh from the start when the
 tree was already there), so the budget is spent unless the space is exhausted (``restarts`` bounds the
-restarts for an early stop). Lanes run in worker processes that share nothing but their results, so the
-same seed gives the same strategy on any number of workers (with a rollout budget; a time budget gives each
-wave of lanes its share of the time).
+restarts for an early stop). Lanes run in worker processes that share their results, and the numbers each
+worker prices for a state (``toast.search.shared_states``: what one priced, the others do not), so the same seed gives
+the same strategy on any number of workers (with a rollout budget; a time budget gives each wave of lanes its
+share of the time).
 
 **Polish.** The lanes' best trajectories, and the best of each of their trees (each restart is a tree: a basin
 other than the lane's best), ``polish_candidates`` of them, best first, are each improved by local search
@@ -71,6 +72,7 @@ from toast.processes import worker_setup, workers_starting
 from toast.search.actions import ActionSpace
 from toast.search.base import Budget, Phase, Progress, RoundResult, Search, SearchResult, mesh_axes_of_phases
 from toast.search.exhaustive import OVER_MEMORY, score_of
+from toast.search.shared_states import SharedStates
 
 __all__ = ["MCTS", "MctsSettings", "search"]
 
@@ -195,6 +197,9 @@ class _Memo:
         # (``_Learned``).
         self.known: dict[bytes, tuple[float, int]] = {}
         self.sharing = False
+        # The table every worker of a search reads and writes at once (made before they are forked; ``None``
+        # in one process): ``_recall`` reads it before a state is priced, ``cost_of`` and ``_priced`` write it.
+        self.shared: SharedStates | None = None
         self.fresh: list[_Learned] = []
         self.scored: set[int] = set()  # hashes of the keys scored since ``recording`` began
         self.initial_peak = max(int(costs.initial.peak_bytes), 1)  # the unsharded program's peak, bytes
@@ -233,11 +238,31 @@ class _Memo:
         found = self.cache.get(key)
         if found is None:
             last_key, rows = self._last_rows
-            found = self.cache[key] = self.costs.evaluate_rows(rows, collectives=False) if last_key == key and \
-                rows is not None else self.costs.evaluate(self.space.state(self.states[key]), collectives=False)
-            if self.sharing:
-                self.fresh.append((key, found.step_time_s, found.peak_bytes, True))
+            found = self._costed(key, self.costs.evaluate_rows(rows, collectives=False) if last_key == key and
+                                 rows is not None else self.costs.evaluate(self.space.state(self.states[key]),
+                                                                           collectives=False))
         return found
+
+    def _costed(self, key: bytes, cost: Cost) -> Cost:
+        """Keep the state's cost, and tell the other workers (``fresh``, ``shared``)."""
+        self.cache[key] = cost
+        if self.sharing:
+            self.fresh.append((key, cost.step_time_s, cost.peak_bytes, True))
+        if self.shared is not None:
+            self.shared.add_costed(key, cost.step_time_s, cost.peak_bytes)
+        return cost
+
+    def _recall(self, key: bytes) -> None:
+        """What another worker learned of a state this process has not costed (``shared``): its cost into
+        ``known``, its bound into ``bounds``."""
+        if self.shared is None:
+            return
+        costed, bounded = self.shared.find(key)
+        if costed is not None:
+            self.known[key] = costed
+            self.bounds.pop(key, None)
+        elif bounded is not None and self.bounds.get(key, (None, 0))[0] is None:
+            self.bounds[key] = bounded
 
     def take_fresh(self) -> tuple[_Learned, ...]:
         """The states this process costed or bounded since the last call."""
@@ -262,6 +287,9 @@ class _Memo:
     def time_and_peak(self, key: bytes) -> tuple[float, int]:
         """The state's step time (seconds) and peak (bytes per device), scoring it."""
         learned = self.known.get(key)
+        if learned is None and key not in self.cache:
+            self._recall(key)
+            learned = self.known.get(key)
         if learned is None:
             cost = self.cost_of(key)
             return cost.step_time_s, cost.peak_bytes
@@ -297,6 +325,8 @@ class _Memo:
         schedule only (``CostModel.priced_rows``): a rollout asks before it stops at a state, and where the state
         does not fit it goes on, never costing it."""
         self.scored.add(hash(key))
+        if key not in self.cache and key not in self.known and key not in self.bounds:
+            self._recall(key)
         learned = self.known.get(key)
         cost = self.cache.get(key)
         if learned is not None:
@@ -329,6 +359,8 @@ class _Memo:
         self._last_rows = (key, rows)
         if self.sharing and step_bound is not None:
             self.fresh.append((key, step_bound, rows.peak, False))
+        if self.shared is not None and step_bound is not None:
+            self.shared.add_bounded(key, step_bound, rows.peak)
         return (step_bound, rows.peak), rows
 
     def best_step(self, following: list[tuple[int, bytes]], goal: str, penalty: float | None) -> tuple[float, int]:
@@ -341,6 +373,8 @@ class _Memo:
         best = (math.inf, -1)
         bounded: list[tuple[float, int, bytes, PricedRows | None]] = []
         for action, key in following:
+            if key not in self.cache and key not in self.known:
+                self._recall(key)
             if key in self.cache or key in self.known:
                 best = min(best, (self.penalized(key, goal, penalty), action))
                 continue
@@ -354,10 +388,8 @@ class _Memo:
                 continue
             cost = self.cache.get(key)  # two actions may lead to one state
             if cost is None:
-                cost = self.cache[key] = self.costs.evaluate_rows(rows, collectives=False) if rows is not None \
-                    else self.costs.evaluate(self.space.state(self.states[key]), collectives=False)
-                if self.sharing:
-                    self.fresh.append((key, cost.step_time_s, cost.peak_bytes, True))
+                cost = self._costed(key, self.costs.evaluate_rows(rows, collectives=False) if rows is not None
+                                    else self.costs.evaluate(self.space.state(self.states[key]), collectives=False))
             best = min(best, (self._score(cost.step_time_s, cost.peak_bytes, goal, penalty), action))
         return best
 
@@ -788,12 +820,13 @@ def _fork_pool(workers: int, context: tuple[ActionSpace, _Memo, MctsSettings]) -
     if "fork" not in multiprocessing.get_all_start_methods():
         return None
     _WORKER = context
+    forking = multiprocessing.get_context("fork")
+    context[1].shared = SharedStates(context=forking)  # before the fork: the workers map the same memory
     with warnings.catch_warnings():
         # JAX warns on any fork once it has started; the workers only run numpy on the cost model.
         warnings.simplefilter("ignore", RuntimeWarning)
         with workers_starting():
-            return multiprocessing.get_context("fork").Pool(workers, initializer=worker_setup,
-                                                            initargs=(os.getpid(),))
+            return forking.Pool(workers, initializer=worker_setup, initargs=(os.getpid(),))
 
 
 DEFAULT_SETTINGS = MctsSettings()
