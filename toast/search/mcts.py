@@ -728,7 +728,8 @@ def _worker_refill(task: _RefillTask) -> tuple[_RefillResult, tuple[_Learned, ..
     assert _WORKER is not None
     space, memo, _ = _WORKER
     memo.learn(task.known)
-    memo.sharing = True  # from the polish on (what its lane costed stays with this worker)
+    # From the polish on (what its lane costed stays with this worker), unless the workers share a table.
+    memo.sharing = memo.shared is None
     result = _refill(space, memo, task)
     return result, memo.take_fresh()
 
