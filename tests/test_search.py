@@ -300,14 +300,10 @@ def test_a_worker_scores_what_another_costed_without_costing_it_again(monkeypatc
     assert len(set(expected)) > 1  # states of different scores
 
 
-def test_a_worker_prices_no_state_another_priced_through_the_shared_table(monkeypatch):
-    """Two memos on one ``SharedStates`` table (as two forked workers): the second's descents take the same steps
-    as the first's, and price none of the states the first costed or bounded; without the table it prices them
-    again."""
-    import multiprocessing
-
-    from toast.search.mcts import _Memo, _refill, _RefillTask
-    from toast.search.shared_states import SharedStates
+def _gpt_descents():
+    """The GPT step on batch=2,model=4 under a 0.5 GiB limit: its action space, cost model, and three descents from
+    the start (the runtime goal, the memory goal, the runtime goal with the limit relaxed)."""
+    from toast.search.mcts import _RefillTask
 
     analysis = analysis_of(GPT)
     model = ShardingModel(analysis, parse_mesh("batch=2,model=4"))
@@ -315,6 +311,19 @@ def test_a_worker_prices_no_state_another_priced_through_the_shared_table(monkey
     allowed = tuple(range(len(space)))
     tasks = [_RefillTask((), allowed, "runtime", None), _RefillTask((), allowed, "memory", None),
              _RefillTask((), allowed, "runtime", None, penalties=(0.25, 4.0))]
+    return space, costs, tasks
+
+
+def test_a_worker_prices_no_state_another_priced_through_the_shared_table(monkeypatch):
+    """Two memos on one ``SharedStates`` table (as two forked workers): the second's descents take the same steps
+    as the first's, and price none of the states the first costed or bounded; without the table it prices them
+    again."""
+    import multiprocessing
+
+    from toast.search.mcts import _Memo, _refill
+    from toast.search.shared_states import SharedStates
+
+    space, costs, tasks = _gpt_descents()
     priced: list[str] = []
     for name in ("evaluate", "priced_rows"):
         original = getattr(costs, name)
@@ -338,14 +347,9 @@ def test_a_descent_step_costs_only_the_moves_that_could_be_best(monkeypatch):
     """A descent's step (``_Memo.best_step``) takes the move of least score, as scoring every move would, under the
     limit, a relaxed limit and the memory goal, and records every move as scored; but moves whose lower bound
     (``CostModel.step_time_bound``) is worse than a move costed are not costed in full."""
-    from toast.search.mcts import _Memo, _refill, _RefillTask
+    from toast.search.mcts import _Memo, _refill
 
-    analysis = analysis_of(GPT)
-    model = ShardingModel(analysis, parse_mesh("batch=2,model=4"))
-    space, costs = ActionSpace(model), toast.CostModel(model, A100, device_memory=0.5 * 2**30)
-    allowed = tuple(range(len(space)))
-    tasks = [_RefillTask((), allowed, "runtime", None), _RefillTask((), allowed, "memory", None),
-             _RefillTask((), allowed, "runtime", None, penalties=(0.25, 4.0))]
+    space, costs, tasks = _gpt_descents()
     costed: list[str] = []
 
     def counting(original):
