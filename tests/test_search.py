@@ -314,6 +314,32 @@ def _gpt_descents():
     return space, costs, tasks
 
 
+def test_a_memo_costs_a_state_from_the_rows_it_priced_while_it_keeps_them(monkeypatch):
+    """The rows of the last ``ROWS_KEPT`` states priced are kept: a state priced several states before is costed
+    from them (the same cost as from scratch, and nothing priced again); one priced ``ROWS_KEPT`` states before its
+    costing is priced again."""
+    from toast.search import mcts
+
+    space, costs, _ = _gpt_descents()
+    monkeypatch.setattr(mcts, "ROWS_KEPT", 3)
+    memo = mcts._Memo(costs, space)
+    states = [s for a in range(len(space.actions)) if (s := space.step(space.initial_atoms, a)) is not None][:5]
+    keys = [memo.key(s) for s in states]
+    expected = [costs.evaluate(space.state(s), collectives=False) for s in states]
+    for key in keys[:3]:
+        memo._bound(key)
+    evaluate = costs.evaluate
+    monkeypatch.setattr(costs, "evaluate", None)  # costing from scratch would fail
+    assert memo.cost_of(keys[0]) == expected[0]
+    for key in keys[3:]:
+        memo._bound(key)  # three kept: keys[1], the least recent, is dropped
+    assert memo.cost_of(keys[2]) == expected[2]
+    with pytest.raises(TypeError):
+        memo.cost_of(keys[1])
+    monkeypatch.setattr(costs, "evaluate", evaluate)
+    assert memo.cost_of(keys[1]) == expected[1]
+
+
 def test_a_worker_prices_no_state_another_priced_through_the_shared_table(monkeypatch):
     """Two memos on one ``SharedStates`` table (as two forked workers): the second's descents take the same steps
     as the first's, and price none of the states the first costed or bounded; without the table it prices them

@@ -55,6 +55,7 @@ ties); each phase starts from the previous one's best state, with an equal share
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import math
@@ -189,9 +190,10 @@ class _Memo:
         # The peak (bytes) of states priced, not costed, and a lower bound of their step time (seconds; None where
         # only ``fits`` asked): ``best_step``.
         self.bounds: dict[bytes, tuple[float | None, int]] = {}
-        # The last state priced up to its schedule, and its rows: a rollout asks whether a state fits before it
-        # stops there, and then costs it.
-        self._last_rows: tuple[bytes, PricedRows | None] = (b"", None)
+        # The states last priced up to their schedule, with their rows (``ROWS_KEPT`` at most, the least recent
+        # dropped; a state's rows go once it is costed): a rollout asks whether a state fits before it stops there,
+        # and then costs it; a descent costs a move it bounded a step or two before.
+        self._rows: collections.OrderedDict[bytes, PricedRows] = collections.OrderedDict()
         # (step time, peak) of states other worker processes costed (their polish moves' states, sent with
         # the next moves), and, in a worker sharing them, the states it costed or bounded since ``take_fresh``
         # (``_Learned``).
@@ -237,15 +239,19 @@ class _Memo:
         self.scored.add(hash(key))
         found = self.cache.get(key)
         if found is None:
-            last_key, rows = self._last_rows
-            found = self._costed(key, self.costs.evaluate_rows(rows, collectives=False) if last_key == key and
-                                 rows is not None else self.costs.evaluate(self.space.state(self.states[key]),
-                                                                           collectives=False))
+            found = self._costed(key, self._evaluate(key, self._rows.get(key)))
         return found
 
+    def _evaluate(self, key: bytes, rows: PricedRows | None) -> Cost:
+        """The state's cost (no collectives listed): from its priced rows where they are at hand."""
+        if rows is None:
+            return self.costs.evaluate(self.space.state(self.states[key]), collectives=False)
+        return self.costs.evaluate_rows(rows, collectives=False)
+
     def _costed(self, key: bytes, cost: Cost) -> Cost:
-        """Keep the state's cost, and tell the other workers (``fresh``, ``shared``)."""
+        """Keep the state's cost (its rows no longer), and tell the other workers (``fresh``, ``shared``)."""
         self.cache[key] = cost
+        self._rows.pop(key, None)
         if self.sharing:
             self.fresh.append((key, cost.step_time_s, cost.peak_bytes, True))
         if self.shared is not None:
@@ -342,21 +348,23 @@ class _Memo:
 
     def _bound(self, key: bytes) -> tuple[tuple[float, int], PricedRows | None]:
         """A lower bound of the state's step time (seconds) and its peak (bytes), with its priced rows where they
-        were made now (``None`` where the bound was known)."""
+        are at hand (made now, or kept: ``_rows``; else ``None``)."""
         bound = self.bounds.get(key)
         if bound is not None and bound[0] is not None:
-            return (bound[0], bound[1]), None
+            return (bound[0], bound[1]), self._rows.get(key)
         (step_bound, peak), rows = self._priced(key, timed=True)
         assert step_bound is not None
         return (step_bound, peak), rows
 
     def _priced(self, key: bytes, *, timed: bool) -> tuple[tuple[float | None, int], PricedRows]:
         """The state priced up to its schedule: its peak, and (``timed``) a lower bound of its step time, kept in
-        ``bounds`` (and told to the other workers); its rows kept as the last priced (``cost_of`` may need them)."""
+        ``bounds`` (and told to the other workers); its rows kept (``_rows``: costing it may need them)."""
         rows = self.costs.priced_rows(self.space.state(self.states[key]))
         step_bound = self.costs.step_time_bound(rows) if timed else None
         self.bounds[key] = (step_bound, rows.peak)
-        self._last_rows = (key, rows)
+        self._rows[key] = rows
+        if len(self._rows) > ROWS_KEPT:
+            self._rows.popitem(last=False)
         if self.sharing and step_bound is not None:
             self.fresh.append((key, step_bound, rows.peak, False))
         if self.shared is not None and step_bound is not None:
@@ -388,11 +396,13 @@ class _Memo:
                 continue
             cost = self.cache.get(key)  # two actions may lead to one state
             if cost is None:
-                cost = self._costed(key, self.costs.evaluate_rows(rows, collectives=False) if rows is not None
-                                    else self.costs.evaluate(self.space.state(self.states[key]), collectives=False))
+                cost = self._costed(key, self._evaluate(key, rows))
             best = min(best, (self._score(cost.step_time_s, cost.peak_bytes, goal, penalty), action))
         return best
 
+
+# The priced rows a memo keeps (``_Memo._rows``): about 0.3-0.5 MB each on a 70B-shaped step.
+ROWS_KEPT = 64
 
 # Relative margin by which a state's bounded score must exceed the best costed one for ``_Memo.best_step`` to leave it
 # uncosted (far above the 1e-12 the bound and the cost may differ by in rounding).
