@@ -210,3 +210,24 @@ def test_errors_a_pytorch_user_can_act_on(torch):
         training_step(model, inputs, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
     with pytest.raises(InputError, match="example input 'y' is a list"):
         training_step(model, {"x": inputs[0], "y": [inputs[1]]})
+
+
+def test_a_module_that_returns_its_loss_with_keyword_inputs_and_a_plain_value(torch):
+    model, (x, y) = _small(torch)
+
+    class WithLoss(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, x, y=None, *, scale=1.0):
+            return ((self.model(x, y) - y) ** 2).mean() * scale
+
+    wrapped = WithLoss()
+    inputs = {"y": y, "scale": 2.0, "x": x}  # keyword order kept; the float is passed as it is
+    fn, example_args = training_step(wrapped, inputs)
+    trained = [f"model.{name}" for name, p in model.named_parameters() if p.requires_grad]
+    assert sorted(_names(example_args[0])) == sorted(trained)  # the frozen parameter and the buffers are constants
+    assert [a.shape for a in example_args[2:]] == [(4, 4), (4, 8)]  # y, x: the tensors, in the dict's order
+    _, _, loss = jax.jit(fn)(*step_arguments(wrapped, inputs))
+    assert abs(float(loss) - wrapped(x, y, scale=2.0).item()) <= 1e-6
