@@ -264,7 +264,8 @@ def analyze(
 
     Args:
       source: a ``.mlir`` path, ``module:function`` naming a factory that returns
-        ``(fn, example_args)``, a label when ``fn`` is given, or an already read ``Program``.
+        ``(fn, example_args)`` or ``(torch.nn.Module, example_inputs)`` (its training step,
+        ``toast.frontend.torch_step``), a label when ``fn`` is given, or an already read ``Program``.
       fn, args: a JAX callable and example arguments (arrays or ``jax.ShapeDtypeStruct``).
       engine: ``souffle``, ``embedded`` or ``auto`` (Soufflé when installed).
       rules: a directory of user ``.dl`` files extending or overriding the package rules.

@@ -66,7 +66,8 @@ SLICES = count(1, "1 or more slices")
 
 def add_analysis_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("input", help="a StableHLO .mlir file, or module:function naming a factory "
-                        "that returns (fn, example_args), e.g. toast.examples.mlp:mlp")
+                        "that returns (fn, example_args), e.g. toast.examples.mlp:mlp, or "
+                        "(torch.nn.Module, example_inputs): its training step (pip install 'toast[torch]')")
     parser.add_argument("--engine", choices=("auto", "souffle", "embedded"), default="auto",
                         help="Datalog engine (auto: souffle when installed, else embedded)")
     parser.add_argument("--rules", metavar="DIR", help="directory of .dl files extending or overriding the rules")

@@ -2,7 +2,10 @@
 factory, or a JAX callable with example arguments.
 
 A factory is a function that returns ``(fn, example_args)`` (the bundled examples in
-``toast.examples`` are factories). ``resolve_factory`` is the one place a ``module:function``
+``toast.examples`` are factories), or ``(module, example_inputs)``: a ``torch.nn.Module`` and its
+``forward``'s arguments (a tuple, or a dict of keyword tensors), whose training step
+``torch_step.training_step`` traces through torchax (``pip install 'toast[torch]'``; a module is
+recognized without importing torch). ``resolve_factory`` is the one place a ``module:function``
 spec becomes a callable; it uses the standard library's ``pkgutil.resolve_name``.
 """
 
@@ -19,7 +22,7 @@ from types import ModuleType
 from typing import Any
 
 from toast.errors import InputError, ToastError
-from toast.frontend import stablehlo
+from toast.frontend import stablehlo, torch_step
 from toast.frontend.ir import Program
 
 
@@ -87,8 +90,8 @@ def parse_factory_arguments(text: str) -> dict[str, Any]:
 def load_program(source: str, *, args: Sequence[Any] | None = None, fn: Callable[..., Any] | None = None,
                  factory_arguments: Mapping[str, Any] | None = None) -> Program:
     """Read ``source``: a ``.mlir`` file, ``module:function[?NAME=VALUE&...]`` naming a factory
-    (called with those keyword arguments and ``factory_arguments``), or ``fn``+``args``
-    (``source`` is then only the program's label)."""
+    (called with those keyword arguments and ``factory_arguments``; one returning a PyTorch module
+    gives its training step), or ``fn``+``args`` (``source`` is then only the program's label)."""
     text, name = load_program_text(source, args=args, fn=fn, factory_arguments=factory_arguments)
     return stablehlo.read_text(text, source=name)
 
@@ -110,8 +113,11 @@ def load_program_text(source: str, *, args: Sequence[Any] | None = None, fn: Cal
         made = factory(**keywords)
     except TypeError as err:
         raise InputError(f"{source}: cannot call the factory with {keywords or 'no arguments'}: {err}") from None
+    if isinstance(made, tuple) and len(made) == 2 and torch_step.is_torch_module(made[0]):
+        return _lowered_torch(made[0], made[1], source), source
     if not (isinstance(made, tuple) and len(made) == 2 and callable(made[0])):
-        raise InputError(f"{source}: the factory must return (function, example_arguments)")
+        raise InputError(f"{source}: the factory must return (function, example_arguments) "
+                         "or (torch.nn.Module, example_inputs)")
     function, example_args = made
     return _lowered(function, tuple(example_args), source), source
 
@@ -123,5 +129,23 @@ def _lowered(function: Callable[..., Any], example_args: Sequence[Any], source: 
     except ToastError:
         raise
     except Exception as err:
-        raise InputError(f"{source}: lowering with jax.jit failed: {type(err).__name__}: "
-                         f"{str(err).splitlines()[0]}") from None
+        raise InputError(f"{source}: lowering with jax.jit failed: {_first_line(err)}") from None
+
+
+def _lowered_torch(module: Any, example_inputs: Any, source: str) -> str:
+    """The StableHLO text of ``module``'s training step (``torch_step.training_step``: its ``.loss``, AdamW),
+    traced through torchax; an error, the user's or PyTorch's, as one line that names ``source``."""
+    try:
+        function, example_args = torch_step.training_step(module, example_inputs)
+        return stablehlo.lower_callable(function, example_args)
+    except InputError as err:
+        raise InputError(f"{source}: {err}") from None
+    except ToastError:
+        raise
+    except Exception as err:
+        raise InputError(f"{source}: tracing the PyTorch model through torchax failed: {_first_line(err)}") from None
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__

@@ -1,0 +1,233 @@
+"""PyTorch models in (``toast.frontend.torch_step``, ``pip install 'toast[torch]'``): a ``module:factory`` returning a
+``torch.nn.Module`` and its inputs is traced through torchax as one training step, ``fn(params, opt_state, *inputs)
+-> (params, opt_state, loss)``, with the parameters as a nested pytree of their ``state_dict`` names.
+
+The tiny Hugging Face Llama (``tests/torch_models.py``): every op of its step has a rule and a kernel class, the
+step's loss and gradient are eager PyTorch's, its parameters' pytree paths are its ``state_dict`` names, and a model
+given no labels fails in one line. The tests that need torch skip without it (or without torchax, optax,
+transformers); the pytree helpers and the missing-package errors are tested without them."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+import toast
+from toast.cli import main
+from toast.errors import InputError
+from toast.frontend import torch_step
+from toast.frontend.torch_step import nest_state_dict, require_torch, state_dict_name, step_arguments, training_step
+
+LLAMA = "torch_models:tiny_llama"
+
+
+def _names(tree):
+    return [state_dict_name(path) for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+
+
+def test_parameters_nest_by_dotted_name_with_list_indices():
+    flat = {"model.layers.0.w": 1, "model.layers.1.w": 2, "model.layers.10.w": 3, "model.norm.weight": 4,
+            "head.0.weight": 5, "head.2.weight": 6, "lm_head.weight": 7}
+    flat.update({f"model.layers.{k}.w": k + 10 for k in range(2, 10)})
+    tree = nest_state_dict(flat)
+    assert [layer["w"] for layer in tree["model"]["layers"]] == [1, 2, *range(12, 20), 3]  # 0 .. 10, in order
+    assert tree["head"] == {"0": {"weight": 5}, "2": {"weight": 6}}  # nn.Sequential around a ReLU: not 0 .. n-1
+    assert sorted(_names(tree)) == sorted(flat)
+    assert nest_state_dict({"0.weight": 1, "1.weight": 2}) == [{"weight": 1}, {"weight": 2}]
+
+
+@pytest.mark.parametrize("flat, message", [({"a": 1, "a.b": 2}, "'a.b': a is a tensor"),
+                                           ({"a.b": 2, "a": 1}, "'a': a module"),
+                                           ({"a..b": 1}, "not a dotted state_dict name")])
+def test_nesting_refuses_names_that_are_not_a_state_dict(flat, message):
+    with pytest.raises(ValueError, match=message):
+        nest_state_dict(flat)
+
+
+def test_missing_torch_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)
+    with pytest.raises(InputError, match=r"^a PyTorch model needs torch and torchax: pip install 'toast\[torch\]'$"):
+        require_torch()
+    assert not torch_step.is_torch_module(object())
+
+
+class _Failing:
+    """Finds a ``torchax`` whose import fails as torchax 0.0.13's does on torch 2.13."""
+
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        return importlib.machinery.ModuleSpec(name, cls) if name == "torchax" else None
+
+    @staticmethod
+    def create_module(spec):
+        return None
+
+    @staticmethod
+    def exec_module(module):
+        raise RuntimeError("no overload name 'dim_Dimname'\nmore detail")
+
+
+def test_missing_or_incompatible_torchax_says_what_to_install(monkeypatch):
+    pytest.importorskip("torch")
+    monkeypatch.setitem(sys.modules, "torchax", None)
+    with pytest.raises(InputError, match=r"^tracing a PyTorch model needs torchax: pip install 'toast\[torch\]'$"):
+        require_torch()
+    monkeypatch.delitem(sys.modules, "torchax")
+    monkeypatch.setattr(sys, "meta_path", [_Failing, *sys.meta_path])
+    with pytest.raises(InputError) as raised:
+        require_torch()
+    message = str(raised.value)
+    assert message.startswith("torchax does not import with torch ") and "\n" not in message
+    assert "RuntimeError: no overload name 'dim_Dimname'" in message and "pip install 'toast[torch]'" in message
+
+
+@pytest.fixture(scope="module")
+def torch():
+    module = pytest.importorskip("torch")
+    try:
+        require_torch()
+    except InputError as err:
+        pytest.skip(str(err))
+    pytest.importorskip("optax")
+    return module
+
+
+@pytest.fixture(scope="module")
+def llama(torch):
+    pytest.importorskip("transformers")
+    from torch_models import tiny_llama
+
+    return tiny_llama
+
+
+@pytest.fixture(scope="module")
+def llama_analysis(llama):
+    return toast.analyze(LLAMA, engine="embedded")
+
+
+def test_every_op_of_the_llama_step_has_a_rule_and_a_kernel_class(llama_analysis):
+    program = llama_analysis.program
+    assert len(program.ops) > 1000  # forward, backward and AdamW of two layers
+    assert not llama_analysis.unruled_ops and not llama_analysis.unpriced_ops and not llama_analysis.invalid
+    arguments = {program.values[k].name for k in program.arguments}
+    assert {"input_ids", "labels", "params['model']['layers'][1]['self_attn']['q_proj']['weight']",
+            "params['lm_head']['weight']"} <= arguments
+    assert program.name == "jit_LlamaForCausalLM_training_step"
+
+
+def test_the_llama_parameters_are_its_state_dict_as_a_nested_pytree(llama):
+    model, inputs = llama()
+    _, (params, opt_state, input_ids, labels) = training_step(model, inputs)
+    assert sorted(_names(params)) == sorted(model.state_dict())  # inv_freq is a constant, not a parameter
+    assert isinstance(params["model"]["layers"], list) and len(params["model"]["layers"]) == 2
+    assert params["model"]["embed_tokens"]["weight"] == jax.ShapeDtypeStruct((256, 64), np.float32)
+    assert input_ids == labels == jax.ShapeDtypeStruct((2, 16), np.int32)  # int64 without x64
+    adam = opt_state[0]  # optax.adamw: (ScaleByAdamState(count, mu, nu), ...)
+    assert jax.tree.structure(adam.mu) == jax.tree.structure(params)
+
+
+def test_the_llama_step_is_eager_pytorchs_loss_and_gradient(torch, llama):
+    import optax
+
+    model, inputs = llama()
+    fn, _ = training_step(model, inputs, optimizer=optax.sgd(1.0))  # new params = params - gradient
+    args = step_arguments(model, inputs, optimizer=optax.sgd(1.0))
+    params, _, loss = jax.jit(fn)(*args)
+    eager = model(**inputs).loss
+    eager.backward()
+    assert abs(float(loss) - eager.item()) <= 1e-5
+    moved = {state_dict_name(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]}
+    for name, parameter in model.named_parameters():
+        expected = (parameter - parameter.grad).detach().numpy()
+        np.testing.assert_allclose(np.asarray(moved[name]), expected, atol=1e-5, err_msg=name)
+
+
+def test_a_model_given_no_labels_fails_in_one_line(llama, capsys):
+    spec = f"{LLAMA}?labels=False"
+    with pytest.raises(InputError) as raised:
+        toast.analyze(spec, engine="embedded")
+    message = str(raised.value)
+    assert message.startswith(f"{spec}: the model's output (CausalLMOutputWithPast) has no .loss: ")
+    assert "labels=" in message and "loss=" in message and "\n" not in message
+    assert main(["analyze", spec, "--engine", "embedded"]) == 2
+    stderr = capsys.readouterr().err
+    assert stderr.strip().splitlines() == [f"toast: error: {message}"]
+
+
+def _small(torch):
+    """An MLP of a ModuleList (a list in the pytree) and an nn.Sequential around a ReLU (dict keys 0 and 2), a
+    persistent and a non-persistent buffer, a frozen parameter; its forward takes (x, y) and returns predictions."""
+
+    class Small(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = torch.nn.ModuleList([torch.nn.Linear(8, 8) for _ in range(2)])
+            self.head = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+            self.register_buffer("scale", torch.full((4,), 0.5))
+            self.register_buffer("shift", torch.arange(4.0), persistent=False)
+            self.frozen = torch.nn.Parameter(torch.ones(8), requires_grad=False)
+
+        def forward(self, x, y):
+            for block in self.blocks:
+                x = torch.tanh(block(x * self.frozen))
+            return self.head(x) * self.scale + self.shift
+
+    torch.manual_seed(0)
+    return Small(), (torch.randn(4, 8), torch.randn(4, 4))
+
+
+def test_a_module_with_a_loss_of_its_own_and_the_default_adamw(torch):
+    model, inputs = _small(torch)
+
+    def mse(output, x, y):
+        return ((output - y) ** 2).mean()
+
+    fn, example_args = training_step(model, inputs, loss=mse)
+    params = example_args[0]
+    assert sorted(_names(params)) == sorted(name for name, p in model.named_parameters() if p.requires_grad)
+    assert isinstance(params["blocks"], list) and set(params["head"]) == {"0", "2"}
+    text = jax.jit(fn).lower(*example_args).as_text(debug_info=True)
+    assert 'loc("x")' in text and 'loc("y")' in text  # the inputs are named as forward names them
+    new_params, opt_state, loss = jax.jit(fn)(*step_arguments(model, inputs))
+    assert abs(float(loss) - mse(model(*inputs), *inputs).item()) <= 1e-6
+    first = np.asarray(new_params["blocks"][0]["weight"])
+    assert 0 < np.max(np.abs(first - model.blocks[0].weight.detach().numpy())) <= 1.01e-3  # one AdamW step, lr 1e-3
+
+
+def test_errors_a_pytorch_user_can_act_on(torch):
+    model, inputs = _small(torch)
+    fn, example_args = training_step(model, inputs)  # the output is [4, 4]: no .loss, and not a scalar
+    with pytest.raises(InputError, match=r"^the model's output \(Tensor\) has no \.loss: "):
+        jax.jit(fn).lower(*example_args)
+    fn, example_args = training_step(model, inputs, loss=lambda output, x, y: output - y)
+    with pytest.raises(InputError, match=r"^the loss should be a scalar tensor, not one of shape \[4, 4\]"):
+        jax.jit(fn).lower(*example_args)
+    with pytest.raises(InputError, match="optimizer should be an optax GradientTransformation"):
+        training_step(model, inputs, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(InputError, match="example input 'y' is a list"):
+        training_step(model, {"x": inputs[0], "y": [inputs[1]]})
+
+
+def test_a_module_that_returns_its_loss_with_keyword_inputs_and_a_plain_value(torch):
+    model, (x, y) = _small(torch)
+
+    class WithLoss(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, x, y=None, *, scale=1.0):
+            return ((self.model(x, y) - y) ** 2).mean() * scale
+
+    wrapped = WithLoss()
+    inputs = {"y": y, "scale": 2.0, "x": x}  # keyword order kept; the float is passed as it is
+    fn, example_args = training_step(wrapped, inputs)
+    trained = [f"model.{name}" for name, p in model.named_parameters() if p.requires_grad]
+    assert sorted(_names(example_args[0])) == sorted(trained)  # the frozen parameter and the buffers are constants
+    assert [a.shape for a in example_args[2:]] == [(4, 4), (4, 8)]  # y, x: the tensors, in the dict's order
+    _, _, loss = jax.jit(fn)(*step_arguments(wrapped, inputs))
+    assert abs(float(loss) - wrapped(x, y, scale=2.0).item()) <= 1e-6

@@ -1,0 +1,22 @@
+"""PyTorch model factories for ``tests/test_torch_frontend.py``, named as ``torch_models:tiny_llama`` (this folder is
+on ``sys.path`` in the tests): each returns ``(torch.nn.Module, example_inputs)``, which toast traces as a training
+step (``toast.frontend.torch_step``). torch and transformers are imported when a factory is called."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def tiny_llama(*, batch: int = 2, seq: int = 16, labels: bool = True) -> tuple[Any, dict[str, Any]]:
+    """A random Hugging Face ``LlamaForCausalLM`` (hidden 64, MLP 128, 2 layers, 4 heads of 16, 2 KV heads,
+    vocabulary 256; seed 0) and ``{"input_ids": int64[batch, seq], "labels": int64[batch, seq]}`` (the labels are
+    the input ids, which the model shifts itself). ``labels=False`` leaves them out: the output then has no loss."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=256, max_position_embeddings=128)
+    model = LlamaForCausalLM(config)
+    ids = torch.randint(0, config.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(1))
+    return model, ({"input_ids": ids, "labels": ids} if labels else {"input_ids": ids})
