@@ -47,3 +47,32 @@ def test_a_state_is_written_once_and_a_half_full_table_takes_no_more():
 def test_slots_are_a_power_of_two(slots):
     with pytest.raises(ValueError, match="power of two"):
         SharedStates(context=FORK, slots=slots)
+
+
+@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")
+def test_a_process_killed_holding_the_lock_turns_the_table_off_instead_of_hanging(monkeypatch):
+    """A worker killed (SIGKILL) while it holds the lock: the others wait ``LOCK_TIMEOUT_S`` once, then price
+    everything themselves (nothing found, nothing written), never waiting again."""
+    import signal
+    import time
+
+    from toast.search import shared_states
+
+    monkeypatch.setattr(shared_states, "LOCK_TIMEOUT_S", 0.2)
+    table = SharedStates(context=FORK)
+    table.add_costed(b"before", 1.0, 1)
+    reader, writer = os.pipe()
+    child = os.fork()
+    if child == 0:
+        table._lock.acquire()
+        os.write(writer, b"x")
+        time.sleep(60)
+        os._exit(0)
+    os.read(reader, 1)
+    os.kill(child, signal.SIGKILL)
+    os.waitpid(child, 0)
+    start = time.monotonic()
+    assert table.find(b"before") == (None, None)
+    table.add_costed(b"after", 2.0, 2)
+    assert table.find(b"after") == (None, None) and len(table) == 0
+    assert time.monotonic() - start < 1.0  # one wait of 0.2 s, not one per call

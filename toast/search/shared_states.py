@@ -13,7 +13,9 @@ Two tables, one for states costed (their step time) and one for states priced up
 of it); a slot is written once, under one lock shared by the workers, which every read takes too (so no reader
 sees a half-written slot, on any processor). A key is found by 96 bits of it (Python's hash and a CRC-32: two of a
 search's states sharing them, about one chance in 10**20). A table more than half full takes no more states: the
-workers then price those themselves, as without it.
+workers then price those themselves, as without it. A process that waits ``LOCK_TIMEOUT_S`` for the lock (its
+holder was killed holding it: SIGKILL, the kernel's out-of-memory killer) stops using the table, and prices
+everything itself, rather than hang.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ _COSTED, _BOUNDED = 0, 1
 # bits (float64: seconds, a lower bound in the bounded table) and the peak (bytes).
 _FIELDS = 4
 _WORD = (1 << 64) - 1
+# Seconds a process waits for the lock (held for microseconds) before it takes its holder for dead.
+LOCK_TIMEOUT_S = 1.0
 
 
 class SharedStates:
@@ -52,13 +56,18 @@ class SharedStates:
         self._floats = memoryview(self._memory).cast("d")
         self._used = 2 * slots * _FIELDS  # the word counting each table's states, after the tables
         self._lock = context.Lock()
+        self._off = False  # this process gave up on the table (``LOCK_TIMEOUT_S``)
 
     def find(self, key: bytes) -> tuple[tuple[float, int] | None, tuple[float, int] | None]:
         """What the processes know of the state: ``(step time s, peak bytes)`` if one costed it, and ``(lower
         bound of its step time s, peak bytes)`` if one priced it up to its schedule (each ``None`` if not)."""
         digest = self._digest(key)
-        with self._lock:
+        if not self._acquire():
+            return None, None
+        try:
             return self._find(_COSTED, digest), self._find(_BOUNDED, digest)
+        finally:
+            self._lock.release()
 
     def add_costed(self, key: bytes, step_time_s: float, peak_bytes: int) -> None:
         """The state's step time (seconds) and peak (bytes), as costing it gives."""
@@ -69,10 +78,22 @@ class SharedStates:
         self._add(_BOUNDED, key, step_bound_s, peak_bytes)
 
     def __len__(self) -> int:
-        """States in both tables."""
-        with self._lock:
+        """States in both tables (0 where this process gave up on the table)."""
+        if not self._acquire():
+            return 0
+        try:
             return self._words[self._used] + self._words[self._used + 1]
+        finally:
+            self._lock.release()
 
+    def _acquire(self) -> bool:
+        """Take the lock; ``False`` (and the table off in this process) where it stays taken ``LOCK_TIMEOUT_S``."""
+        if self._off:
+            return False
+        if self._lock.acquire(False) or self._lock.acquire(timeout=LOCK_TIMEOUT_S):  # free nearly always
+            return True
+        self._off = True
+        return False
     def _digest(self, key: bytes) -> tuple[int, int]:
         """96 bits of the key: Python's hash of it (computed once per bytes object, and the same in forked
         processes: one hash seed) and its CRC-32."""
@@ -96,7 +117,9 @@ class SharedStates:
         first, second = self._digest(key)
         words, mask, base = self._words, self._slots - 1, table * self._slots
         slot = first & mask
-        with self._lock:
+        if not self._acquire():
+            return
+        try:
             if 2 * words[self._used + table] >= self._slots:
                 return
             while True:
@@ -107,8 +130,11 @@ class SharedStates:
                 if found == first and words[at + 1] == second:
                     return  # another process wrote it: the same numbers
                 slot = (slot + 1) & mask
+            # The digest's first half last: a writer killed before it leaves the slot free.
             words[at + 1] = second
             self._floats[at + 2] = seconds
             words[at + 3] = peak_bytes
             words[at] = first
             words[self._used + table] += 1
+        finally:
+            self._lock.release()
