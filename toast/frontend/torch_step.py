@@ -252,8 +252,8 @@ def module_tensors(module: Any) -> ModuleTensors:
     constants: list[tuple[str, Any]] = []
     for prefix, sub in module.named_modules():
         dot = f"{prefix}." if prefix else ""
-        found = [(name, t) for name, t in sub._parameters.items() if t is not None and not t.requires_grad]
-        found += [(name, t) for name, t in sub._buffers.items() if t is not None]
+        found = [(name, t) for name, t in sub.named_parameters(recurse=False) if not t.requires_grad]
+        found += list(sub.named_buffers(recurse=False))  # persistent or not
         found += [(name, t) for name, t in vars(sub).items() if isinstance(t, torch.Tensor)]
         constants += [(dot + name, tensor) for name, tensor in found if id(tensor) not in trained_ids]
     return ModuleTensors(trained=trained, constants=tuple(constants))
