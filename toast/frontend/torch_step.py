@@ -361,7 +361,8 @@ def training_step(module: Any, example_inputs: Any, *, loss: Callable[..., Any] 
         flat = {state_dict_name(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]}
         args, kwargs = inputs.bind(values)
         state, args, kwargs = env.j2t_iso(({**flat, **constants}, args, kwargs))
-        with env:
+        # torchax's device the default: a tensor forward makes with no device (torch.arange(n)) is traced too.
+        with env, torch.device("jax"):
             output = torch.func.functional_call(module, state, args, kwargs, strict=False)
             if loss is None:
                 value = model_loss(output)
