@@ -231,3 +231,22 @@ def test_a_module_that_returns_its_loss_with_keyword_inputs_and_a_plain_value(to
     assert [a.shape for a in example_args[2:]] == [(4, 4), (4, 8)]  # y, x: the tensors, in the dict's order
     _, _, loss = jax.jit(fn)(*step_arguments(wrapped, inputs))
     assert abs(float(loss) - wrapped(x, y, scale=2.0).item()) <= 1e-6
+
+
+def test_a_tensor_forward_makes_with_no_device_is_traced(torch):
+    """``torch.arange(n)`` in forward, as code written for the CPU makes it, is a torchax tensor in the step (a CPU
+    tensor there fails in torchax: "mixed math between XLATensor and torch.Tensor")."""
+
+    class Shifted(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            return (self.linear(x) + torch.arange(8.0) * torch.ones(8)).sum()
+
+    torch.manual_seed(0)
+    model, x = Shifted(), torch.randn(2, 8)
+    fn, _ = training_step(model, (x,))
+    _, _, loss = jax.jit(fn)(*step_arguments(model, (x,)))
+    assert abs(float(loss) - model(x).item()) <= 1e-5 * abs(model(x).item())
