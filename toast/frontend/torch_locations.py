@@ -1,7 +1,7 @@
 """A PyTorch model's step lowered with locations in the model's code, not in torchax's.
 
-JAX writes each op's location as its Python traceback, innermost frame first (``jax_include_full_tracebacks_in_locations``
-is on by default; JAX leaves its own frames out)::
+JAX writes each op's location as its Python traceback, innermost frame first
+(``jax_include_full_tracebacks_in_locations``, on by default; JAX leaves its own frames out)::
 
     NameLoc("jit(step)/jvp(linear)/dot_general",
             CallSiteLoc(<torchax/ops/jtorch.py:495>, CallSiteLoc(<torch/nn/modules/linear.py:134>,
@@ -13,12 +13,13 @@ rewrites each op's traceback to the frames of the model's own code: the frames b
 ``torch_step``, where the walk stops) and the first frame of torch, torchax, JAX, optax or Python's library. The op
 keeps its name and the model's frames, innermost first, so ``stablehlo.python_location`` (user code before a library
 in site-packages, else the innermost) reads the model's line: ``modeling_llama.py:236`` for the ``q_proj`` matmul, the
-user's ``forward`` for a module of their own. An op no model frame made (AdamW's update, the step's plumbing) gets
-toast's line that made it (``torch_step.py``); one without frames keeps its location.
+user's ``forward`` for a module of their own. An op no model frame made gets the line of toast's ``torch_step`` that
+made it (AdamW's update, the loss's reshape); one not even that made (a constant JAX hoists out of the step, such as
+a buffer, located at the ``jit`` call) keeps its name without a frame; one without a traceback keeps its location.
 
 Only the torch path uses this (JAX programs keep JAX's locations), on the module ``jax.jit(fn).lower`` built; each
 distinct location is rewritten once (MLIR uniques them; the callers' chains are shared), so the cost is linear in the
-program's size.
+program's size (0.29 s for the 28,854 ops of a 40-layer tiny Llama's step, whose lowering takes 15.6 s).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ MACHINERY_PACKAGES = ("torch", "torchax", "jax", "jaxlib", "optax")
 
 _TOAST_DIR = str(Path(__file__).resolve().parent.parent)
 _EXAMPLES_DIR = os.path.join(_TOAST_DIR, "examples")
+_STEP_FILE = os.path.join(_TOAST_DIR, "frontend", "torch_step.py")
 _STDLIB_DIR = os.path.realpath(sysconfig.get_paths()["stdlib"])
 
 
@@ -60,10 +62,10 @@ def lower_torch_step(fn: Callable[..., Any], args: Sequence[Any]) -> str:
 @dataclass(frozen=True, slots=True)
 class _Chain:
     """What a traceback (or its outer part) holds: ``model``, the model's frames as one location (``None``: none);
-    ``toast``, the innermost of toast's frames the walk stopped at (``None``: it did not reach toast)."""
+    ``step``, the frame of ``torch_step`` the walk stopped at (``None``: it stopped elsewhere or never)."""
 
     model: Any
-    toast: Any
+    step: Any
 
 
 def model_locations(module: Any) -> None:
@@ -85,32 +87,33 @@ class _Rewriter:
         self.machinery = machinery
         self.ops: dict[Any, Any] = {}  # an op's location (as an attribute) -> its new location
         self.chains: dict[Any, _Chain] = {}  # a CallSiteLoc -> what it holds
-        self.kinds: dict[str, str] = {}  # a file name -> "model", "machinery" or "toast"
+        self.kinds: dict[str, str] = {}  # a file name -> its kind (``_kind``)
 
     def visit(self, op: Any) -> Any:
         location = op.location
         key = location.attr
-        new = self.ops.get(key)
-        if new is None:
+        if key in self.ops:
+            new = self.ops[key]
+        else:
             new = self.ops[key] = self._relocated(location)
-        if new is not location:
+        if new is not None:
             op.location = new
         return self.ir.WalkResult.ADVANCE
 
     def _relocated(self, location: Any) -> Any:
-        """``location`` with its traceback replaced by the model's frames (else toast's innermost frame); itself
-        where it has no traceback."""
+        """``location`` with its traceback replaced by the model's frames (else ``torch_step``'s frame, else none);
+        ``None`` where it has no traceback (it stays)."""
         ir = self.ir
         name = None
         trace = location
-        if isinstance(location, ir.NameLoc) and not self._is_frame(location):
+        if isinstance(location, ir.NameLoc):  # JAX names the op ("jit(step)/jvp(linear)/dot_general") over its trace
             name, trace = location.name_str, location.child_loc
         if not (isinstance(trace, ir.CallSiteLoc) or self._is_frame(trace)):
-            return location
+            return None
         chain = self._chain(trace)
-        frames = chain.model if chain.model is not None else chain.toast
+        frames = chain.model if chain.model is not None else chain.step
         if frames is None:
-            return location
+            frames = ir.Location.unknown()
         return ir.Location.name(name, childLoc=frames) if name is not None else frames
 
     def _is_frame(self, location: Any) -> bool:
@@ -132,8 +135,8 @@ class _Rewriter:
                 outer = known
                 break
             callee = node.callee
-            if self._is_frame(callee) and self._kind(callee) == "toast":
-                outer = self.chains[node.attr] = _Chain(None, callee)  # toast called the model: stop here
+            if self._is_frame(callee) and self._kind(callee) in ("step", "toast"):
+                outer = self.chains[node.attr] = self._frame_chain(callee)  # toast called the model: stop here
                 break
             spine.append(node)
             node = node.caller
@@ -144,9 +147,9 @@ class _Rewriter:
             if inner.model is None:
                 chain = outer
             elif outer.model is None:
-                chain = _Chain(inner.model, outer.toast)
+                chain = _Chain(inner.model, outer.step)
             else:
-                chain = _Chain(ir.Location.callsite(inner.model, [outer.model]), outer.toast)
+                chain = _Chain(ir.Location.callsite(inner.model, [outer.model]), outer.step)
             self.chains[link.attr] = outer = chain
         return outer
 
@@ -157,10 +160,11 @@ class _Rewriter:
         kind = self._kind(frame)
         if kind == "model":
             return _Chain(frame, None)
-        return _Chain(None, frame if kind == "toast" else None)
+        return _Chain(None, frame if kind == "step" else None)
 
     def _kind(self, frame: Any) -> str:
-        """``"toast"`` (toast itself, its examples aside), ``"machinery"`` (``MACHINERY_PACKAGES``, Python's library,
+        """``"step"`` (``torch_step``, which calls the model, the loss and the optimizer), ``"toast"`` (the rest of
+        toast, its examples aside), ``"machinery"`` (``MACHINERY_PACKAGES``, Python's library,
         generated code such as ``<string>``) or ``"model"``."""
         filename = (frame if isinstance(frame, self.ir.FileLineColLoc) else frame.child_loc).filename
         kind = self.kinds.get(filename)
@@ -173,6 +177,8 @@ def _file_kind(filename: str, machinery: tuple[str, ...]) -> str:
     if filename.startswith("<"):
         return "machinery"
     path = os.path.realpath(filename)
+    if path == _STEP_FILE:
+        return "step"
     if path.startswith(_TOAST_DIR + os.sep) and not path.startswith(_EXAMPLES_DIR + os.sep):
         return "toast"
     if any(path.startswith(directory + os.sep) for directory in machinery):
