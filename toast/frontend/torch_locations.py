@@ -16,6 +16,8 @@ in site-packages, else the innermost) reads the model's line: ``modeling_llama.p
 user's ``forward`` for a module of their own. An op no model frame made gets the line of toast's ``torch_step`` that
 made it (AdamW's update, the loss's reshape); one not even that made (a constant JAX hoists out of the step, such as
 a buffer, located at the ``jit`` call) keeps its name without a frame; one without a traceback keeps its location.
+With ``jax_include_full_tracebacks_in_locations`` off, JAX writes one frame per op, torchax's: the model's ops then
+have no line (rather than torchax's).
 
 Only the torch path uses this (JAX programs keep JAX's locations), on the module ``jax.jit(fn).lower`` built; each
 distinct location is rewritten once (MLIR uniques them; the callers' chains are shared), so the cost is linear in the
