@@ -3,13 +3,19 @@
 -> (params, opt_state, loss)``, with the parameters as a nested pytree of their ``state_dict`` names.
 
 The tiny Hugging Face Llama (``tests/torch_models.py``): every op of its step has a rule and a kernel class, the
-step's loss and gradient are eager PyTorch's, its parameters' pytree paths are its ``state_dict`` names, and a model
-given no labels fails in one line. The tests that need torch skip without it (or without torchax, optax,
-transformers); the pytree helpers and the missing-package errors are tested without them."""
+step's loss and gradient are eager PyTorch's, its parameters' pytree paths are its ``state_dict`` names, a model
+given no labels fails in one line, and its ops are located in transformers' code (``toast.frontend.torch_locations``),
+as a module of this file's is at its ``forward``'s lines in ``toast explain``. The tests that need torch skip without
+it (or without torchax, optax, transformers); the pytree helpers and the missing-package errors are tested without
+them."""
 
 from __future__ import annotations
 
 import importlib.machinery
+import inspect
+import linecache
+import os
+import re
 import sys
 
 import jax
@@ -250,3 +256,95 @@ def test_a_tensor_forward_makes_with_no_device_is_traced(torch):
     fn, _ = training_step(model, (x,))
     _, _, loss = jax.jit(fn)(*step_arguments(model, (x,)))
     assert abs(float(loss) - model(x).item()) <= 1e-5 * abs(model(x).item())
+
+
+def _source_line(loc):
+    """The text of the Python line ``file:line`` names (``""`` when it names none)."""
+    filename, _, line = loc.rpartition(":")
+    return linecache.getline(filename, int(line)).strip() if filename else ""
+
+
+def _line_in(function, text):
+    """``file:line`` of the first line of ``function``'s source that contains ``text``, from inspect (a decorated
+    function's own, as ``inspect.getsourcelines`` reads it)."""
+    function = inspect.unwrap(function)
+    lines, first = inspect.getsourcelines(function)
+    index = next(i for i, line in enumerate(lines) if text in line)
+    return f"{inspect.getsourcefile(function)}:{first + index}"
+
+
+def test_the_llama_ops_are_located_in_the_models_code_not_torchax(llama_analysis):
+    """Each op's location is the innermost frame of the model's code (torch, torchax, JAX and optax frames left out,
+    and the frames of whoever called toast): the q_proj matmul at LlamaAttention.forward's line that calls q_proj,
+    the attention softmax's exponential where transformers calls scaled_dot_product_attention (or its own softmax),
+    the loss's division in transformers' cross entropy; the ops no model frame made (AdamW) at toast's step."""
+    import torchax
+    from transformers.loss import loss_utils
+    from transformers.models.llama import modeling_llama
+
+    program = llama_analysis.program
+    q_proj = next(k for k in program.arguments
+                  if program.values[k].name == "params['model']['layers'][0]['self_attn']['q_proj']['weight']")
+    matmul = next(op for op in program.ops if op.kind == "stablehlo.dot_general" and op.operands[1] == q_proj)
+    assert matmul.loc == _line_in(modeling_llama.LlamaAttention.forward, "self.q_proj(")
+    assert "self.q_proj(hidden_states)" in _source_line(matmul.loc)
+
+    # the attention scores' exponentials: [batch 2, heads 4, seq 16, seq 16]
+    scores = [op for op in program.ops if op.kind == "stablehlo.exponential"
+              and program.values[op.operands[0]].shape == (2, 4, 16, 16)]
+    assert scores and all("/transformers/" in op.loc for op in scores)
+    assert all("scaled_dot_product_attention(" in _source_line(op.loc) or "softmax(" in _source_line(op.loc)
+               for op in scores)
+
+    defined_by = {value: op for op in program.ops for value in op.results}
+    loss = defined_by[program.results[-1]]  # toast's reshape of the loss to a scalar, then the model's loss
+    assert loss.kind == "stablehlo.reshape" and _source_line(loss.loc) == "return jnp.reshape(env.t2j_iso(value), ())"
+    mean = defined_by[loss.operands[0]]
+    assert mean.kind == "stablehlo.divide"
+    assert mean.loc == _line_in(loss_utils.fixed_cross_entropy, "nn.functional.cross_entropy(")
+
+    torchax_dir = os.path.dirname(torchax.__file__) + os.sep
+    locations = {op.loc for op in program.ops} | {value.loc for value in program.values}
+    assert not [loc for loc in locations if loc.startswith(torchax_dir)]
+    # every op is the model's (transformers'), toast's step (AdamW's update, the loss's reshape) or unlocated
+    # (the constants JAX hoists out of the step: buffers such as inv_freq); none is this test's or pytest's
+    import transformers
+
+    transformers_dir = os.path.dirname(transformers.__file__) + os.sep
+    step_file = inspect.getsourcefile(torch_step)
+    assert [loc for loc in locations if loc and not loc.startswith((transformers_dir, f"{step_file}:"))] == []
+    adam = _line_in(torch_step.training_step, "chosen.update(")
+    assert sum(op.loc == adam for op in program.ops) > 100
+
+
+def two_layers():
+    """A module defined here, ``module:factory`` for the CLI: ``up`` 8 -> 16, ReLU, ``down`` 16 -> 4, its MSE."""
+    import torch
+
+    class TwoLayers(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up = torch.nn.Linear(8, 16)
+            self.down = torch.nn.Linear(16, 4)
+
+        def forward(self, x, y):
+            hidden = torch.relu(self.up(x))
+            return ((self.down(hidden) - y) ** 2).mean()
+
+    torch.manual_seed(0)
+    return TwoLayers(), (torch.randn(4, 8), torch.randn(4, 4))
+
+
+def test_explain_names_the_line_of_a_modules_forward(torch, capsys):
+    """``toast explain`` on a module defined in this file: the chain from the input's features to the updated ``up``
+    weight goes through the matmul of ``self.up(x)``, located at that line of ``forward``, and AdamW's update, located
+    at toast's step (not at this test's call of ``main``, the outermost frame, as JAX's locations have it)."""
+    assert main(["explain", "test_torch_frontend:two_layers", "x:1", "result[0]['up']['weight']:1",
+                 "--engine", "embedded"]) == 0
+    out = capsys.readouterr().out
+    up_line = _line_in(type(two_layers()[0]).forward, "self.up(x)")
+    update_line = _line_in(torch_step.training_step, "optax.apply_updates(")
+    assert re.search(rf"identified by stablehlo\.dot_general %\d+ at {re.escape(up_line)}, rule ", out), out
+    assert re.search(rf"identified by stablehlo\.add result\[0\]\['up'\]\['weight'\] at {re.escape(update_line)}, "
+                     "rule ", out), out
+    assert set(re.findall(r" at (\S+:\d+)", out)) == {up_line, update_line}

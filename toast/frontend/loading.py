@@ -22,7 +22,7 @@ from types import ModuleType
 from typing import Any
 
 from toast.errors import InputError, ToastError
-from toast.frontend import stablehlo, torch_step
+from toast.frontend import stablehlo, torch_locations, torch_step
 from toast.frontend.ir import Program
 
 
@@ -134,10 +134,11 @@ def _lowered(function: Callable[..., Any], example_args: Sequence[Any], source: 
 
 def _lowered_torch(module: Any, example_inputs: Any, source: str) -> str:
     """The StableHLO text of ``module``'s training step (``torch_step.training_step``: its ``.loss``, AdamW),
-    traced through torchax; an error, the user's or PyTorch's, as one line that names ``source``."""
+    traced through torchax, its locations in the model's code (``torch_locations``); an error, the user's or
+    PyTorch's, as one line that names ``source``."""
     try:
         function, example_args = torch_step.training_step(module, example_inputs)
-        return stablehlo.lower_callable(function, example_args)
+        return torch_locations.lower_torch_step(function, example_args)
     except InputError as err:
         raise InputError(f"{source}: {err}") from None
     except ToastError:
