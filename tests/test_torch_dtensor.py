@@ -1,0 +1,215 @@
+"""Shardings back as DTensor (``toast.output.torch_placements``, ``Strategy.apply_torch``): a strategy's
+``PartitionSpec``s as one placement per mesh dim, worked out by hand, and one training step of the tiny Hugging
+Face Llama sharded with DTensor on a gloo group of CPU processes, equal to eager PyTorch's unsharded step.
+
+The argument-name parser and the spec-to-mesh-dim mapping need no torch; the rest skips without torch (and
+transformers, optax, torchax for the strategy of the traced step)."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import jax
+import pytest
+
+import toast
+from toast.cli import main
+from toast.errors import ToastError
+from toast.output.torch_placements import INTERMEDIATES, Attribute, argument_path, mesh_dim_shards
+
+LLAMA = "torch_models:tiny_llama?attn_implementation='eager'&use_cache=False"  # tests/dtensor_step.py's MODEL
+SECONDS = 240  # the gloo step's bound: a few seconds alone, minutes on two busy cores
+
+
+def test_argument_names_parse_back_to_the_pytree_paths_jax_names_them_by():
+    tree = {"model": {"layers": [{"w": 0}, {"w": 1}], "it's": 2}, "head": {"0": 3}}
+    for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        name = "params" + jax.tree_util.keystr(path)  # how jax names a lowered function's argument
+        keys = tuple(getattr(key, "key", getattr(key, "idx", None)) for key in path)
+        assert argument_path(name) == ("params", keys)
+    assert argument_path("params['model']['layers'][1]['self_attn']['q_proj']['weight']") == (
+        "params", ("model", "layers", 1, "self_attn", "q_proj", "weight"))
+    assert argument_path("opt_state[0].mu['lm_head']['weight']") == (
+        "opt_state", (0, Attribute("mu"), "lm_head", "weight"))
+    assert argument_path("labels") == ("labels", ())
+    for bad in ("params[0:2]", "f(x)['w']", "params[True]", "params[", ""):
+        with pytest.raises(ValueError, match="not an argument name of a lowered function"):
+            argument_path(bad)
+
+
+@pytest.mark.parametrize("spec, axes, shards", [
+    (["batch", None], ("batch", "model"), (0, None)),    # rows over batch, whole over model
+    ([None, "batch"], ("batch", "model"), (1, None)),
+    (["model", "batch"], ("batch", "model"), (1, 0)),    # the mesh dim order, not the tensor's
+    ([["batch", "model"], None], ("batch", "model"), (0, 0)),  # one dim over both: batch major, as DTensor
+    ([], ("batch", "model"), (None, None)),              # a scalar: replicated
+    ([None, None], ("data",), (None,)),                  # replicated
+])
+def test_a_partition_spec_gives_the_tensor_dim_each_mesh_dim_splits(spec, axes, shards):
+    assert mesh_dim_shards(spec, axes) == shards
+
+
+def test_a_dim_split_against_the_mesh_order_is_refused_in_one_line():
+    with pytest.raises(ToastError) as raised:
+        mesh_dim_shards([["model", "batch"]], ("batch", "model"), name="params['w']")
+    message = str(raised.value)
+    assert message.startswith("params['w']: dim 0 is split over model+batch (the major axis first), against the "
+                              "mesh's axis order (batch, model): DTensor splits a dim")
+    assert "\n" not in message
+    with pytest.raises(ToastError, match="mesh axis 'expert' is not one of the mesh's"):
+        mesh_dim_shards(["expert"], ("batch",))
+
+
+def _document(spec_of_w):
+    """A strategy document by hand: mesh batch=2,model=2, a pytree of parameters, Adam's state, two inputs."""
+    def tensor(name, shape, spec):
+        return {"name": name, "shape": shape, "dtype": "f32", "partition_spec": spec}
+
+    return {"program": "jit_step", "mesh": {"axes": [["batch", 2], ["model", 2]]},
+            "arguments": [tensor("params['a']['weight']", [8, 4], spec_of_w),
+                          tensor("params['a']['layers'][0]['bias']", [4], [None]),
+                          tensor("params['b']", [4, 8], [None, "model"]),
+                          tensor("opt_state[0].count", [], []),
+                          tensor("opt_state[0].mu['a']['weight']", [8, 4], ["batch", None]),  # not w's split
+                          tensor("opt_state[0].mu['b']", [4, 8], [None, "model"]),
+                          tensor("input_ids", [2, 16], ["batch", None]),
+                          tensor("labels", [2, 16], [None, None])],
+            "results": [tensor("result[0]['a']['weight']", [8, 4], spec_of_w),
+                        tensor("result[0]['b']", [4, 8], ["model", None]),  # not the argument's split
+                        tensor("result[2]", [], [])]}
+
+
+@pytest.fixture(scope="module")
+def torch():
+    return pytest.importorskip("torch")
+
+
+def test_the_placements_of_a_strategy_worked_out_by_hand(torch):
+    from torch.distributed.tensor import Replicate, Shard
+
+    placements = toast.Strategy(_document([["batch", "model"], None])).torch_placements()
+    assert placements.mesh == (("batch", 2), ("model", 2))
+    assert placements.parameters == {"a.weight": (Shard(0), Shard(0)),  # dim 0 over batch then model
+                                     "a.layers.0.bias": (Replicate(), Replicate()),
+                                     "b": (Replicate(), Shard(1))}
+    assert placements.inputs == {"input_ids": (Shard(0), Replicate()), "labels": (Replicate(), Replicate())}
+    assert placements.shapes["a.weight"] == (8, 4) and placements.shapes["input_ids"] == (2, 16)
+    assert placements.not_expressed == (
+        INTERMEDIATES,
+        "opt_state[0].mu['a']['weight'] (batch: dim 0, model: whole): torch.optim keeps it in its parameter "
+        "a.weight's placements (batch: dim 0, model: dim 0)",
+        "the updated b (batch: whole, model: dim 0): torch.optim updates it in place, in its placements "
+        "(batch: whole, model: dim 1)")
+
+
+def test_a_layout_dtensor_cannot_express_and_a_mesh_unlike_the_strategys_are_refused(torch):
+    with pytest.raises(ToastError, match=r"^params\['a'\]\['weight'\]: dim 0 is split over model\+batch"):
+        toast.Strategy(_document([["model", "batch"], None])).torch_placements()
+    strategy = toast.Strategy(_document(["batch", None]))
+    module = torch.nn.Linear(4, 8)  # weight [8, 4], bias [8]: no a.weight
+    for mesh, expected in [(SimpleNamespace(shape=(4,), mesh_dim_names=None), "the device mesh is dim0=4, the "
+                            "strategy's is batch=2,model=2: build it with init_device_mesh(device_type, (2, 2), "
+                            "mesh_dim_names=('batch', 'model'))"),
+                           (SimpleNamespace(shape=(2, 2), mesh_dim_names=("data", "model")),
+                            "the device mesh is data=2,model=2, the strategy's is batch=2,model=2: "),
+                           (SimpleNamespace(shape=(2, 2), mesh_dim_names=("batch", "model")),
+                            "the strategy has parameter a.layers.0.bias, which the module has not (a strategy for "
+                            "another module?)")]:
+        with pytest.raises(ToastError) as raised:
+            strategy.apply_torch(module, mesh)  # refused before any collective: no process group needed
+        assert str(raised.value).startswith(expected) and "\n" not in str(raised.value)
+
+
+@pytest.fixture(scope="module")
+def strategy_of(torch, tmp_path_factory):
+    """``toast shard``'s strategy file for the tiny Llama's traced step, by mesh and expert strategy."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("optax")
+    pytest.importorskip("torchax")
+    folder = tmp_path_factory.mktemp("strategies")
+
+    def made(mesh: str, name: str) -> str:
+        path = folder / f"{name}-{mesh.replace('=', '').replace(',', '-')}.json"
+        assert main(["shard", LLAMA, "--mesh", mesh, "--strategy", name, "--engine", "embedded", "-o",
+                     str(path)]) == 0
+        return str(path)
+
+    return made
+
+
+def _sharded_step(torch, strategy_path: str, folder) -> dict:
+    """``dtensor_step.sharded_step`` on a gloo group of the strategy mesh's CPU processes, bounded by ``SECONDS``
+    (then the processes are killed and the test fails); a worker's error fails the test with its traceback."""
+    import torch.multiprocessing as mp
+    from dtensor_step import sharded_step
+
+    world = 1
+    for _, size in toast.load_strategy(strategy_path).document["mesh"]["axes"]:
+        world *= size
+    out = folder / "rank0.pt"
+    context = mp.start_processes(sharded_step, args=(world, str(folder / "store"), strategy_path, str(out)),
+                                 nprocs=world, join=False, start_method="spawn")
+    deadline = time.monotonic() + SECONDS
+    try:
+        while not context.join(timeout=max(0.1, deadline - time.monotonic())):
+            if time.monotonic() >= deadline:
+                pytest.fail(f"the {world} gloo processes did not finish the step in {SECONDS} s")
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.kill()
+                process.join()
+    return torch.load(out)
+
+
+def _eager_step(torch) -> tuple[float, dict, dict]:
+    """Eager PyTorch's unsharded step: the loss, each parameter before, and after one SGD step."""
+    from dtensor_step import LEARNING_RATE, MODEL
+    from torch_models import tiny_llama
+
+    model, inputs = tiny_llama(**MODEL)
+    loss = model(**inputs).loss
+    loss.backward()
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    return loss.item(), before, {name: (p - LEARNING_RATE * p.grad).detach() for name, p in model.named_parameters()}
+
+
+def _check_equal(torch, sharded: dict) -> None:
+    loss, before, after = _eager_step(torch)
+    assert abs(sharded["loss"].item() - loss) <= 1e-5
+    assert sorted(sharded["params"]) == sorted(after)
+    for name, expected in after.items():
+        assert not torch.equal(expected, before[name]), name  # the step moves every parameter
+        torch.testing.assert_close(sharded["params"][name], expected, atol=1e-5, rtol=0, msg=name)
+
+
+def test_the_fsdp_sharded_llama_step_on_two_gloo_processes_is_the_unsharded_step(torch, strategy_of, tmp_path):
+    """FSDP on mesh batch=2: every parameter stored split over the two processes, the batch split."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    path = strategy_of("batch=2", "fsdp")
+    placements = toast.load_strategy(path).torch_placements()
+    assert all(p != (Replicate(),) for p in placements.parameters.values())  # every parameter sharded
+    sharded = _sharded_step(torch, path, tmp_path)
+    assert sharded["placements"] == placements.parameters  # the module was sharded as the strategy says
+    assert sharded["placements"]["model.layers.0.mlp.down_proj.weight"] == (Shard(1),)  # [64, 128]: dim 1
+    assert sharded["local_shapes"]["model.layers.0.mlp.down_proj.weight"] == (64, 64)
+    assert sharded["inputs"] == {"input_ids": (Shard(0),), "labels": (Replicate(),)}
+    _check_equal(torch, sharded)
+
+
+@pytest.mark.slow
+def test_the_fsdp_megatron_sharded_llama_step_on_four_gloo_processes_is_the_unsharded_step(torch, strategy_of,
+                                                                                          tmp_path):
+    """FSDP and Megatron on mesh batch=2,model=2 (a 2-D mesh: DTensor plans each op's redistributions over both
+    dims, ~10 s of CPU per process)."""
+    from torch.distributed.tensor import Shard
+
+    path = strategy_of("batch=2,model=2", "fsdp+megatron")
+    placements = toast.load_strategy(path).torch_placements()
+    assert placements.parameters["model.layers.1.self_attn.q_proj.weight"] == (Shard(1), Shard(0))
+    sharded = _sharded_step(torch, path, tmp_path)
+    assert sharded["placements"] == placements.parameters
+    assert sharded["local_shapes"]["model.layers.1.self_attn.q_proj.weight"] == (32, 32)
+    _check_equal(torch, sharded)
