@@ -19,6 +19,8 @@ from toast.errors import ToastError
 from toast.output.torch_placements import INTERMEDIATES, Attribute, argument_path, mesh_dim_shards
 
 LLAMA = "torch_models:tiny_llama?attn_implementation='eager'&use_cache=False"  # tests/dtensor_step.py's MODEL
+PRELOAD = ("torch.distributed.tensor", "transformers.models.llama.modeling_llama", "toast.output.autoshard",
+           "torch_models", "dtensor_step")
 SECONDS = 240  # the gloo step's bound: a few seconds alone, minutes on two busy cores
 
 
@@ -141,15 +143,21 @@ def strategy_of(torch, tmp_path_factory):
 def _sharded_step(torch, strategy_path: str, folder) -> dict:
     """``dtensor_step.sharded_step`` on a gloo group of the strategy mesh's CPU processes, bounded by ``SECONDS``
     (then the processes are killed and the test fails); a worker's error fails the test with its traceback."""
+    import multiprocessing
+
     import torch.multiprocessing as mp
     from dtensor_step import sharded_step
+
+    # A fork server imports torch and transformers once for every process (a spawned process imports them itself,
+    # ~5 s of CPU each), and forks from a process that has run no threads (this one has: JAX, torch's pools).
+    multiprocessing.set_forkserver_preload(list(PRELOAD))
 
     world = 1
     for _, size in toast.load_strategy(strategy_path).document["mesh"]["axes"]:
         world *= size
     out = folder / "rank0.pt"
     context = mp.start_processes(sharded_step, args=(world, str(folder / "store"), strategy_path, str(out)),
-                                 nprocs=world, join=False, start_method="spawn")
+                                 nprocs=world, join=False, start_method="forkserver")
     deadline = time.monotonic() + SECONDS
     try:
         while not context.join(timeout=max(0.1, deadline - time.monotonic())):

@@ -141,7 +141,8 @@ class TorchPlacements:
 
 
 def _spec_text(shards: Sequence[int | None], axes: Sequence[str]) -> str:
-    return ", ".join(f"{axis}: dim {dim}" if dim is not None else f"{axis}: whole" for axis, dim in zip(axes, shards))
+    return ", ".join(f"{axis}: dim {dim}" if dim is not None else f"{axis}: whole"
+                     for axis, dim in zip(axes, shards, strict=True))
 
 
 def torch_placements(strategy: Any) -> TorchPlacements:
@@ -232,7 +233,7 @@ def check_device_mesh(placements: TorchPlacements, device_mesh: Any) -> None:
     if shape != sizes or (given is not None and tuple(given) != names):
         label = ",".join(f"{axis}={size}" for axis, size in placements.mesh)
         got = ",".join(f"{axis}={size}" for axis, size in zip(given or [f"dim{k}" for k in range(len(shape))],
-                                                              shape))
+                                                              shape, strict=True))
         raise ToastError(f"the device mesh is {got}, the strategy's is {label}: build it with "
                          f"init_device_mesh(device_type, {sizes}, mesh_dim_names={names})")
 
@@ -265,7 +266,7 @@ def distribute(placements: TorchPlacements, module: Any, device_mesh: Any, input
             raise ToastError(f"parameter {name} is {list(p.shape)}, the strategy's is {list(placements.shapes[name])}")
     bound = step_inputs(module, inputs) if inputs is not None else None
     if bound is not None:
-        for name, tensor in zip(bound.names, bound.tensors):
+        for name, tensor in zip(bound.names, bound.tensors, strict=True):
             if name not in placements.inputs:
                 raise ToastError(f"input {name} is not in the strategy (its inputs: {', '.join(placements.inputs)})")
             if tuple(tensor.shape) != placements.shapes[name]:
@@ -282,7 +283,7 @@ def distribute(placements: TorchPlacements, module: Any, device_mesh: Any, input
     if bound is None:
         return None
     values = [distribute_tensor(tensor, device_mesh, list(placements.inputs[name]))
-              for name, tensor in zip(bound.names, bound.tensors)]
+              for name, tensor in zip(bound.names, bound.tensors, strict=True)]
     args, kwargs = bound.bind(values)
     if isinstance(inputs, Mapping):
         return kwargs
