@@ -123,6 +123,45 @@ def test_a_layout_dtensor_cannot_express_and_a_mesh_unlike_the_strategys_are_ref
         assert str(raised.value).startswith(expected) and "\n" not in str(raised.value)
 
 
+def test_tied_parameters_stay_tied_and_the_inputs_come_back_as_given(torch, tmp_path):
+    """On a one-process gloo group (in this process: nothing to split, the placements are still DTensor's)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(8, 4)
+            self.head = torch.nn.Linear(4, 8, bias=False)
+            self.head.weight = self.embed.weight  # one Parameter, two names; named_parameters gives embed.weight
+
+        def forward(self, ids, scale=1.0):
+            return self.head(self.embed(ids)).sum() * scale
+
+    def tensor(name, shape, spec):
+        return {"name": name, "shape": shape, "dtype": "f32", "partition_spec": spec}
+
+    strategy = toast.Strategy({"program": "jit_Tied_training_step", "mesh": {"axes": [["batch", 1]]},
+                               "arguments": [tensor("params['embed']['weight']", [8, 4], ["batch", None]),
+                                             tensor("ids", [2, 3], ["batch", None])], "results": []})
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("batch",))
+        module, ids = Tied(), torch.zeros(2, 3, dtype=torch.long)
+        given = strategy.apply_torch(module, mesh, {"ids": ids, "scale": 2.0})
+        assert module.head.weight is module.embed.weight and isinstance(module.embed.weight, torch.nn.Parameter)
+        assert isinstance(module.embed.weight.data, DTensor) and module.embed.weight.placements == (Shard(0),)
+        assert set(given) == {"ids", "scale"} and given["scale"] == 2.0 and given["ids"].placements == (Shard(0),)
+        (alone,) = strategy.apply_torch(Tied(), mesh, (ids,))
+        assert isinstance(alone, DTensor) and isinstance(strategy.apply_torch(Tied(), mesh, ids), DTensor)
+        assert strategy.apply_torch(Tied(), mesh) is None
+        with pytest.raises(ToastError, match=r"^input ids is \[2, 4\], the strategy was made for \[2, 3\]$"):
+            strategy.apply_torch(Tied(), mesh, torch.zeros(2, 4, dtype=torch.long))
+    finally:
+        dist.destroy_process_group()
+
+
 @pytest.fixture(scope="module")
 def strategy_of(torch, tmp_path_factory):
     """``toast shard``'s strategy file for the tiny Llama's traced step, by mesh and expert strategy."""
