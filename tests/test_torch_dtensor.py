@@ -238,6 +238,7 @@ def test_the_fsdp_sharded_llama_step_on_two_gloo_processes_is_the_unsharded_step
     path = strategy_of("batch=2", "fsdp")
     placements = toast.load_strategy(path).torch_placements()
     assert all(p != (Replicate(),) for p in placements.parameters.values())  # every parameter sharded
+    assert placements.not_expressed == (INTERMEDIATES,)  # Adam's moments split as their parameters
     sharded = _sharded_step(torch, path, tmp_path)
     assert sharded["placements"] == placements.parameters  # the module was sharded as the strategy says
     assert sharded["placements"]["model.layers.0.mlp.down_proj.weight"] == (Shard(1),)  # [64, 128]: dim 1
@@ -256,6 +257,7 @@ def test_the_fsdp_megatron_sharded_llama_step_on_four_gloo_processes_is_the_unsh
     path = strategy_of("batch=2,model=2", "fsdp+megatron")
     placements = toast.load_strategy(path).torch_placements()
     assert placements.parameters["model.layers.1.self_attn.q_proj.weight"] == (Shard(1), Shard(0))
+    assert placements.not_expressed == (INTERMEDIATES,)
     sharded = _sharded_step(torch, path, tmp_path)
     assert sharded["placements"] == placements.parameters
     assert sharded["local_shapes"]["model.layers.1.self_attn.q_proj.weight"] == (32, 32)
