@@ -169,6 +169,7 @@ def strategy_of(torch, tmp_path_factory):
     pytest.importorskip("optax")
     pytest.importorskip("torchax")
     folder = tmp_path_factory.mktemp("strategies")
+    _fork_server()
 
     def made(mesh: str, name: str) -> str:
         path = folder / f"{name}-{mesh.replace('=', '').replace(',', '-')}.json"
@@ -179,17 +180,24 @@ def strategy_of(torch, tmp_path_factory):
     return made
 
 
+def _fork_server() -> None:
+    """Start the fork server the gloo processes come from: it imports torch and transformers once for them all (a
+    spawned process imports them itself, ~5 s of CPU each) and has run no threads (this process has: JAX's, torch's
+    pools), so forking from it is safe. Started before the strategy's analysis, it imports meanwhile."""
+    import multiprocessing
+    import multiprocessing.forkserver
+
+    multiprocessing.set_forkserver_preload(list(PRELOAD))
+    multiprocessing.forkserver.ensure_running()
+
+
 def _sharded_step(torch, strategy_path: str, folder) -> dict:
     """``dtensor_step.sharded_step`` on a gloo group of the strategy mesh's CPU processes, bounded by ``SECONDS``
     (then the processes are killed and the test fails); a worker's error fails the test with its traceback."""
-    import multiprocessing
-
     import torch.multiprocessing as mp
     from dtensor_step import sharded_step
 
-    # A fork server imports torch and transformers once for every process (a spawned process imports them itself,
-    # ~5 s of CPU each), and forks from a process that has run no threads (this one has: JAX, torch's pools).
-    multiprocessing.set_forkserver_preload(list(PRELOAD))
+    _fork_server()
 
     world = 1
     for _, size in toast.load_strategy(strategy_path).document["mesh"]["axes"]:
