@@ -24,14 +24,25 @@ What DTensor placements cannot say of a strategy (``TorchPlacements.not_expresse
 * the module's other tensors (frozen parameters, buffers): constants of the traced step, so the strategy gives
   them none; they stay plain tensors, replicated (``implicit_replication``).
 
-FSDP2 and tensor-parallel plans: ``fully_shard(module, mesh=mesh[axis])`` is the placements ``Shard(0)`` over
-``axis`` for every parameter (``fsdp`` strategies put the stored split on whichever dim the other roles leave, so
-on dim 1 of a row-parallel weight: FSDP2 expresses those only where every split is on dim 0), with all-gathers
-before each use in place of DTensor's propagation; ``parallelize_module`` with ``ColwiseParallel`` (``Shard(0)``
-of an ``nn.Linear``'s weight) and ``RowwiseParallel`` (``Shard(1)``) over the model axis expresses ``megatron``'s
-parameters, plus the activation layouts at the module boundaries, which a strategy file does not record per
-module. ``distribute_tensor`` with these placements expresses every parameter's and input's layout of any
-strategy, which is why ``Strategy.apply_torch`` uses it.
+FSDP2 and tensor-parallel plans (not used here; what they would express):
+
+* ``fully_shard(module, mesh=device_mesh[axis], shard_placement_fn=...)`` stores every parameter split on one
+  dim over one data axis (``Shard(0)``, or the dim ``shard_placement_fn`` names: ``fsdp``'s ``Shard(1)`` of a
+  ``down_proj``) and gathers it whole before its module runs (a schedule of its own, not DTensor's propagation).
+  It expresses an ``fsdp`` strategy's parameters; not a parameter the strategy leaves whole on that axis, nor one
+  split over several axes (``fsdp_all``), nor the placements of the inputs (FSDP2 takes local batches).
+* ``parallelize_module`` with ``ColwiseParallel`` (an ``nn.Linear``'s weight ``Shard(0)``) and ``RowwiseParallel``
+  (``Shard(1)``) over the model axis expresses ``megatron``'s parameters, plus activation layouts at each module's
+  boundary, which a strategy file does not record per module; ``fsdp+megatron`` is both over a 2-D mesh.
+
+``distribute_tensor`` with these placements lays out every parameter and input of any strategy DTensor can
+express, which is why ``Strategy.apply_torch`` uses it.
+
+A Hugging Face model under DTensor (torch 2.13, transformers 4.57, CPU): its forward makes plain tensors (the
+rotary embedding's cos and sin, position ids, the causal mask), so the step runs under
+``torch.distributed.tensor.experimental.implicit_replication()``; ``use_cache=False`` (the KV cache's ``torch.cat``
+of a sharded DTensor onto an empty plain tensor fails); ``attn_implementation="eager"`` (with ``"sdpa"`` the tiny
+Llama's step did not finish in 10 minutes on two gloo processes).
 """
 
 from __future__ import annotations
