@@ -7,16 +7,21 @@ from __future__ import annotations
 from typing import Any
 
 
-def tiny_llama(*, batch: int = 2, seq: int = 16, labels: bool = True) -> tuple[Any, dict[str, Any]]:
+def tiny_llama(*, batch: int = 2, seq: int = 16, labels: bool = True, attn_implementation: str | None = None,
+               use_cache: bool | None = None) -> tuple[Any, dict[str, Any]]:
     """A random Hugging Face ``LlamaForCausalLM`` (hidden 64, MLP 128, 2 layers, 4 heads of 16, 2 KV heads,
     vocabulary 256; seed 0) and ``{"input_ids": int64[batch, seq], "labels": int64[batch, seq]}`` (the labels are
-    the input ids, which the model shifts itself). ``labels=False`` leaves them out: the output then has no loss."""
+    the input ids, which the model shifts itself). ``labels=False`` leaves them out: the output then has no loss.
+    ``attn_implementation`` and ``use_cache``: the config's, where given (DTensor runs the model with ``"eager"``
+    attention and no KV cache: ``tests/test_torch_dtensor.py``)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=256, max_position_embeddings=128)
+                         num_key_value_heads=2, vocab_size=256, max_position_embeddings=128,
+                         **({"attn_implementation": attn_implementation} if attn_implementation else {}),
+                         **({"use_cache": use_cache} if use_cache is not None else {}))
     model = LlamaForCausalLM(config)
     ids = torch.randint(0, config.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(1))
     return model, ({"input_ids": ids, "labels": ids} if labels else {"input_ids": ids})

@@ -54,6 +54,20 @@ def is_torch_module(obj: object) -> bool:
     return nn is not None and isinstance(obj, nn.Module)
 
 
+def import_torch() -> Any:
+    """``torch``, imported: what reading a module's parameters and inputs needs (tracing needs torchax too:
+    ``require_torch``).
+
+    Raises:
+      InputError: torch is not installed; the message says what to install.
+    """
+    try:
+        import torch
+    except ImportError:
+        raise InputError(f"a PyTorch model needs torch and torchax: {INSTALL}") from None
+    return torch
+
+
 def require_torch() -> tuple[Any, Any]:
     """``(torch, torchax)``, imported.
 
@@ -61,10 +75,7 @@ def require_torch() -> tuple[Any, Any]:
       InputError: either is not installed, or torchax does not import with this torch (torchax releases
         before 0.0.14.dev20260807 name operator overloads torch 2.13 removed); the message says what to install.
     """
-    try:
-        import torch
-    except ImportError:
-        raise InputError(f"a PyTorch model needs torch and torchax: {INSTALL}") from None
+    torch = import_torch()
     if "torchax" not in sys.modules and importlib.util.find_spec("torchax") is None:
         raise InputError(f"tracing a PyTorch model needs torchax: {INSTALL}")
     try:
@@ -172,7 +183,7 @@ def step_inputs(module: Any, example_inputs: Any) -> StepInputs:
     Raises:
       InputError: ``example_inputs`` is none of these, or an entry is another kind of object.
     """
-    torch, _ = require_torch()
+    torch = import_torch()  # not torchax: Strategy.apply_torch names the inputs in processes that never trace
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
     if isinstance(example_inputs, Mapping):

@@ -81,6 +81,45 @@ class Strategy:
                              "arguments it was made for")
         return sharded_jit(self.document, fn, args, devices=devices)
 
+    def torch_placements(self) -> Any:
+        """The strategy as DTensor placements (``toast.output.torch_placements.TorchPlacements``): one per mesh dim
+        for each trained parameter (by ``state_dict`` name) and input of a PyTorch module's step, and what they
+        cannot express (``not_expressed``)."""
+        from toast.output.torch_placements import torch_placements
+
+        return torch_placements(self)
+
+    def apply_torch(self, module: Any, device_mesh: Any, inputs: Any = None) -> Any:
+        """Shard a PyTorch module as the strategy says, with DTensor: each trained parameter becomes, in place, a
+        ``DTensor`` parameter in the strategy's placements (``torch.distributed.tensor.distribute_tensor``); returns
+        ``inputs`` (a tensor, a tuple of ``forward``'s arguments or a dict of keyword arguments, as the factory the
+        strategy was made from gives them) distributed likewise, ``None`` without them. Intermediates, the
+        optimizer state and the module's buffers follow DTensor's propagation (``torch_placements().not_expressed``).
+
+        Every rank calls it with the same seeded module and inputs (rank 0's values are split). Run the step under
+        ``torch.distributed.tensor.experimental.implicit_replication()`` where ``forward`` makes tensors of its own
+        (a Hugging Face model's position ids and masks), then ``full_tensor()`` gathers a parameter back::
+
+            mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("batch", "model"))
+            inputs = strategy.apply_torch(model, mesh, inputs)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)   # after apply_torch: the new parameters
+            with implicit_replication():
+                model(**inputs).loss.backward()
+                optimizer.step()
+
+        Args:
+          module: the ``torch.nn.Module`` the strategy was made for (its parameters' names and shapes are checked).
+          device_mesh: a ``DeviceMesh`` of the strategy's mesh: its axes as dims, in order, with their names.
+          inputs: the example inputs, of the shapes the strategy was made for.
+
+        Raises:
+          ToastError: a mesh of another shape or dim names, a module or inputs the strategy does not name, a layout
+            DTensor cannot express (``toast.output.torch_placements.mesh_dim_shards``).
+        """
+        from toast.output.torch_placements import distribute
+
+        return distribute(self.torch_placements(), module, device_mesh, inputs)
+
     def save(self, path: str | Path) -> None:
         """Write the strategy file (all or nothing)."""
         from toast.output.files import Output, check_output, json_text, write_outputs
