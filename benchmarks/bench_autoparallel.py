@@ -25,14 +25,17 @@ of it and of its own children: Soufflé, the search's workers, CBC) from ``resou
 toast's seconds include tracing through torchax, JAX's lowering, the analysis and the search; AutoParallel's,
 tracing (dynamo + AOT autograd), building and solving the ILP.
 
-AutoParallel's plan is then translated into toast's terms: its chosen placement of each parameter and input
-(``Shard(d)`` on mesh dim ``m`` -> tensor dim ``d`` split over mesh axis ``m``) becomes a ``PartitionSpec`` per
-argument of toast's program (AdamW's ``mu`` and ``nu`` take their parameter's, as DTensor's optimizer state does),
-pinned in toast's action space; the pinned state (toast's own propagation of those argument placements, nothing
-else sharded) is priced by toast's cost model, and so is toast's own plan, by the same ``CostModel``. What the
-translation loses: AutoParallel also chooses every intermediate's placement and the redistributions between them;
-toast prices the argument placements with its own propagation and its own collectives. So the AutoParallel row
-is toast's price of AutoParallel's argument placements, not of AutoParallel's whole program.
+AutoParallel's plan is then translated into toast's terms, from its chosen placement of each parameter and input
+(``Shard(d)`` on mesh dim ``m``: tensor dim ``d`` split over mesh axis ``m``) and the placements the parameter's
+users take it in. A split every user keeps is a computed split: a pin in toast's action space (the argument's
+color sharded, toast's own propagation; AdamW's ``mu`` and ``nu`` as their parameter, as DTensor's optimizer state
+is). A split some user gathers (FSDP) is a stored split: the argument and its update chain split, as toast's own
+stored actions and FSDP strategies do. A computed split whose color action would break an earlier pin (toast's
+color joins dims AutoParallel splits differently and redistributes between) is stored split instead, and the
+JSON lists each one. Both states are priced by one ``CostModel`` of toast's program. What the translation loses:
+AutoParallel also chooses every intermediate's placement and the redistributions between them; toast prices the
+argument placements with its own propagation and its own collectives. So the AutoParallel row is toast's price of
+AutoParallel's argument placements, not of AutoParallel's whole program.
 
 Writes a JSON (``--out``, default ``benchmarks/data/autoparallel_<size>.json``) with the settings, versions, the
 machine, the date, both planners' seconds and both plans' predicted step time and peak, and prints a table.
@@ -556,9 +559,11 @@ def table(record: Mapping[str, Any]) -> str:
                      f"{plan['step_time_s'] * 1e3:.2f} ms | {plan['peak_bytes'] / 2**20:.1f} | "
                      f"{plan['collectives']} |")
     ilp = record["autoparallel"]["ilp"]
+    demoted = len(record["priced"]["demoted_to_stored"])
     lines.append(f"\nAutoParallel's ILP: {ilp['variables']:,} variables, {ilp['constraints']:,} constraints. "
-                 "Its row prices its argument placements with toast's propagation; the intermediates' placements "
-                 "and redistributions it chose are not carried over.")
+                 f"Its row prices its argument placements with toast's propagation ({demoted} "
+                 "computed splits toast's colors could not keep stored split instead); the intermediates' "
+                 "placements and redistributions it chose are not carried over.")
     return "\n".join(lines)
 
 
