@@ -164,13 +164,35 @@ def test_the_llama_loss_keeps_the_batch_split_under_data_parallelism(llama, llam
     log-probabilities (16384 -> 32768 B per device) and a reduce-scatter of their gradient."""
     model, _ = llama()
     assert sum(p.numel() for p in model.parameters()) * 4 == sum(LLAMA_GRADIENT_BYTES) == 427264
-    assert llama_analysis.color_of_dim("labels", 0) == llama_analysis.color_of_dim("input_ids", 0)
     sharding = toast.ShardingModel(llama_analysis, toast.parse_mesh("batch=2"))
     state, _ = toast.manual_strategy(sharding, "data_parallel", toast.Roles({"batch": [("input_ids", 0)]}))
     cost = toast.CostModel(sharding, toast.load_hardware("a100_80gb")).evaluate(state)
     moved = sorted((c.kind, c.axes, c.bytes_in, c.bytes_out) for c in cost.collectives)
     expected = [("all-reduce", ("batch",), size, size) for size in LLAMA_GRADIENT_BYTES + [4, 4]]
     assert moved == sorted(expected)
+    # The labels' batch is the inputs' (through the gather's indices, its rows and the logits).
+    assert llama_analysis.color_of_dim("labels", 0) == llama_analysis.color_of_dim("input_ids", 0)
+
+
+@pytest.mark.slow  # about 30 s: XLA compiles and runs the step on 2 host devices
+def test_xla_keeps_the_llama_log_probabilities_split_too(llama_analysis):
+    """XLA's partitioner, given the same data-parallel step, keeps the log-probabilities split as well: no
+    all-gather of their [32, 256] float32 (16384 -> 32768 B per device). It does not use the iota as the rule
+    does: it all-gathers the [32, 1, 2] int32 indices (128 -> 256 B) and the scatter-add's [32, 1] float32 updates
+    (64 -> 128 B), and each device picks from its own rows with the others masked, then all-reduces the [32, 1]
+    picks (128 B, in its one combined all-reduce with the gradients): 512 B toast does not predict. The rest is
+    the prediction: the gradients (427264 B) and the loss's sum (float32) and label count (int32)."""
+    from toast.xla.worker import check_sharded_module
+
+    sharding = toast.ShardingModel(llama_analysis, toast.parse_mesh("batch=2"))
+    state, _ = toast.manual_strategy(sharding, "data_parallel", toast.Roles({"batch": [("input_ids", 0)]}))
+    report = check_sharded_module(toast.sharded_module_text(sharding, state), sharding.mesh.axes)
+    assert report.numerics.match
+    moved = sorted((c.kind, c.axes, c.bytes_in, c.bytes_out) for c in report.collectives)
+    combined = sum(LLAMA_GRADIENT_BYTES) + 128
+    assert moved == sorted([("all-gather", ("batch",), 128, 256), ("all-gather", ("batch",), 64, 128),
+                            ("all-reduce", ("batch",), combined, combined), ("all-reduce", ("batch",), 4, 4),
+                            ("all-reduce", ("batch",), 4, 4)])
 
 
 def test_a_model_given_no_labels_fails_in_one_line(llama, capsys):
