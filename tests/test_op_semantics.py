@@ -44,6 +44,22 @@ def test_a_scatter_add_sums_its_updates_scatter_dims_and_a_scatter_that_sets_non
 
 
 @pytest.mark.parametrize("engine", engines())
+def test_a_coordinate_scatter_add_sums_nothing_and_one_at_two_label_columns_sums_its_updates(engine):
+    """``t.at[arange(4), labels].add(u)`` (a loss's gradient: cross_entropy's through torchax) writes u[i] into
+    row i of t: split along that dim, each device adds its own rows, nothing to reduce. ``t.at[rows, labels]``
+    with rows a second [4] argument may send any update to any row: dim 0 of the indices (operand 1) and of the
+    updates (operand 2) is summed, as in the embedding's gradient above."""
+    args = [jax.ShapeDtypeStruct((4, 6), jnp.float32), jax.ShapeDtypeStruct((4,), jnp.int32),
+            jax.ShapeDtypeStruct((4,), jnp.float32), jax.ShapeDtypeStruct((4,), jnp.int32)]
+    coordinate = analyze("coordinate", fn=lambda t, i, u, r: t.at[jnp.arange(4), i].add(u), args=args,
+                         engine=engine)
+    assert coordinate.summed_dims == frozenset()
+    rows = analyze("rows", fn=lambda t, i, u, r: t.at[r, i].add(u), args=args, engine=engine)
+    (scatter,) = [op for op in rows.program.ops if op.kind == "stablehlo.scatter"]
+    assert rows.summed_dims == {(scatter.id, 1, 0), (scatter.id, 2, 0)}
+
+
+@pytest.mark.parametrize("engine", engines())
 def test_a_batched_einsum_sums_its_contracting_dim_and_counts_b_i_j_k(engine):
     b, i, j, k = 2, 3, 4, 5
     args = [jax.ShapeDtypeStruct((b, i, j), jnp.float32), jax.ShapeDtypeStruct((b, j, k), jnp.float32)]

@@ -152,6 +152,55 @@ def test_the_llama_step_is_eager_pytorchs_loss_and_gradient(torch, llama):
         np.testing.assert_allclose(np.asarray(moved[name]), expected, atol=1e-5, err_msg=name)
 
 
+# The tiny Llama's parameters (hidden 64, MLP 128, 4 heads of 16, 2 KV heads, vocabulary 256), float32 gradients:
+# embed_tokens and lm_head [256, 64]: 65536 B each; per layer q_proj and o_proj [64, 64]: 16384 B, k_proj and
+# v_proj [32, 64]: 8192 B, gate_proj and up_proj [128, 64], down_proj [64, 128]: 32768 B, input_layernorm and
+# post_attention_layernorm [64]: 256 B; the final norm [64]: 256 B. 2 x 65536 + 2 x (2 x 16384 + 2 x 8192 +
+# 3 x 32768 + 2 x 256) + 256 = 427264 B = 106816 parameters x 4 B.
+LLAMA_GRADIENT_BYTES = [65536] * 2 + [32768] * 6 + [16384] * 4 + [8192] * 4 + [256] * 5
+
+
+def test_the_llama_loss_keeps_the_batch_split_under_data_parallelism(llama, llama_analysis):
+    """HF's own loss (ForCausalLMLoss: cross_entropy -> nll_loss, through torchax) picks each label's
+    log-probability with a coordinate gather, logp[arange(32), labels] of the [batch x seq = 32, vocab = 256]
+    log-probabilities, and its gradient with the matching scatter-add. Split along batch=2, each device picks
+    from its own 16 rows: data parallelism moves only each parameter's gradient (one all-reduce of its bytes,
+    above) and the loss's two scalars, its sum over the labels and their count (float32 and int32: 4 B each).
+    Without the coordinate rule the gather's operand rows were not the batch: an all-gather of the
+    log-probabilities (16384 -> 32768 B per device) and a reduce-scatter of their gradient."""
+    model, _ = llama()
+    assert sum(p.numel() for p in model.parameters()) * 4 == sum(LLAMA_GRADIENT_BYTES) == 427264
+    sharding = toast.ShardingModel(llama_analysis, toast.parse_mesh("batch=2"))
+    state, _ = toast.manual_strategy(sharding, "data_parallel", toast.Roles({"batch": [("input_ids", 0)]}))
+    cost = toast.CostModel(sharding, toast.load_hardware("a100_80gb")).evaluate(state)
+    moved = sorted((c.kind, c.axes, c.bytes_in, c.bytes_out) for c in cost.collectives)
+    expected = [("all-reduce", ("batch",), size, size) for size in LLAMA_GRADIENT_BYTES + [4, 4]]
+    assert moved == sorted(expected)
+    # The labels' batch is the inputs' (through the gather's indices, its rows and the logits).
+    assert llama_analysis.color_of_dim("labels", 0) == llama_analysis.color_of_dim("input_ids", 0)
+
+
+@pytest.mark.slow  # about 30 s: XLA compiles and runs the step on 2 host devices
+def test_xla_keeps_the_llama_log_probabilities_split_too(llama_analysis):
+    """XLA's partitioner, given the same data-parallel step, keeps the log-probabilities split as well: no
+    all-gather of their [32, 256] float32 (16384 -> 32768 B per device). It does not use the iota as the rule
+    does: it all-gathers the [32, 1, 2] int32 indices (128 -> 256 B) and the scatter-add's [32, 1] float32 updates
+    (64 -> 128 B), and each device picks from its own rows with the others masked, then all-reduces the [32, 1]
+    picks (128 B, in its one combined all-reduce with the gradients): 512 B toast does not predict. The rest is
+    the prediction: the gradients (427264 B) and the loss's sum (float32) and label count (int32)."""
+    from toast.xla.worker import check_sharded_module
+
+    sharding = toast.ShardingModel(llama_analysis, toast.parse_mesh("batch=2"))
+    state, _ = toast.manual_strategy(sharding, "data_parallel", toast.Roles({"batch": [("input_ids", 0)]}))
+    report = check_sharded_module(toast.sharded_module_text(sharding, state), sharding.mesh.axes)
+    assert report.numerics.match
+    moved = sorted((c.kind, c.axes, c.bytes_in, c.bytes_out) for c in report.collectives)
+    combined = sum(LLAMA_GRADIENT_BYTES) + 128
+    assert moved == sorted([("all-gather", ("batch",), 128, 256), ("all-gather", ("batch",), 64, 128),
+                            ("all-reduce", ("batch",), combined, combined), ("all-reduce", ("batch",), 4, 4),
+                            ("all-reduce", ("batch",), 4, 4)])
+
+
 def test_a_model_given_no_labels_fails_in_one_line(llama, capsys):
     spec = f"{LLAMA}?labels=False"
     with pytest.raises(InputError) as raised:

@@ -16,7 +16,9 @@ def _colors(text: str, engine: str) -> set[frozenset[str]]:
     analysis = analyze(read_text(text, source="fixture.mlir"), engine=engine)
     assert analysis.invalid == ()
     assert analysis.unruled_ops == ()
-    return {frozenset(f"{d.value}:{d.dim}" for d in color.dims) for color in analysis.colors if color.dims}
+    # The colors of the named values (arguments, results): a fixture of several ops leaves out its steps (%0 ...).
+    named = ({f"{d.value}:{d.dim}" for d in color.dims if not d.value.startswith("%")} for color in analysis.colors)
+    return {frozenset(dims) for dims in named if dims}
 
 
 def _fn(signature: str, body: str) -> str:
@@ -25,6 +27,25 @@ def _fn(signature: str, body: str) -> str:
     named = ", ".join(f'{arg} loc("{arg.split(":")[0].strip()[1:]}")' for arg in arguments.split(", "))
     return f"func.func @main({named}) -> ({results}) {{\n{body}\n}}\n"
 
+
+# The start indices of x[jnp.arange(4), labels] (as jax.jit lowers it): the iota column, normalized as jnp
+# normalizes every index (select(i < 0, i + 4, i)), then labels' column, concatenated along the index vector
+# dim (1); {iota} names the iota's column before normalization.
+_COORDINATES = (
+    "  %0 = stablehlo.iota dim = 0 : tensor<4xi32>\n"
+    "  %one = stablehlo.constant dense<1> : tensor<4xi32>\n"
+    "  %shifted = stablehlo.add %0, %one : tensor<4xi32>\n"
+    "  %c0 = stablehlo.constant dense<0> : tensor<i32>\n"
+    "  %zero = stablehlo.broadcast_in_dim %c0, dims = [] : (tensor<i32>) -> tensor<4xi32>\n"
+    "  %neg = stablehlo.compare LT, {iota}, %zero, SIGNED : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi1>\n"
+    "  %c4 = stablehlo.constant dense<4> : tensor<i32>\n"
+    "  %four = stablehlo.broadcast_in_dim %c4, dims = [] : (tensor<i32>) -> tensor<4xi32>\n"
+    "  %wrapped = stablehlo.add {iota}, %four : tensor<4xi32>\n"
+    "  %rows = stablehlo.select %neg, %wrapped, {iota} : tensor<4xi1>, tensor<4xi32>\n"
+    "  %col0 = stablehlo.broadcast_in_dim %rows, dims = [0] : (tensor<4xi32>) -> tensor<4x1xi32>\n"
+    "  %col1 = stablehlo.broadcast_in_dim %labels, dims = [0] : (tensor<4xi32>) -> tensor<4x1xi32>\n"
+    "  %idx = stablehlo.concatenate %col0, %col1, dim = 1 : (tensor<4x1xi32>, tensor<4x1xi32>) -> tensor<4x2xi32>\n"
+)
 
 FIXTURES = {
     "elementwise": (
@@ -110,6 +131,50 @@ FIXTURES = {
             " : (tensor<10x8xf32>, tensor<3x1xi32>, tensor<3x8xf32>) -> tensor<10x8xf32>\n"
             "  return %0 : tensor<10x8xf32>"),
         [{"x:0", "result[0]:0"}, {"x:1", "u:1", "result[0]:1"}, {"ids:0", "u:0"}, {"ids:1"}],
+    ),
+    # x[jnp.arange(4), labels] as jnp writes it (torch.gather, and cross_entropy's nll_loss, through torchax
+    # alike): the iota column is normalized (select(i < 0, i + 4, i)), made a [4, 1] column and concatenated
+    # before the labels' column. Index vector i starts at row i of x: x:0 pairs with the indices' dim 0, the
+    # batch of the result (as an operand_batching_dims pair would); x:1 is read one column per row, alone.
+    "gather: a coordinate gather x[arange(4), labels] pairs x's rows with the indices": (
+        _fn("%x: tensor<4x6xf32>, %labels: tensor<4xi32>) -> (tensor<4xf32>",
+            _COORDINATES.format(iota="%0") +
+            '  %g = "stablehlo.gather"(%x, %idx) {dimension_numbers = #stablehlo.gather<collapsed_slice_dims ='
+            " [0, 1], start_index_map = [0, 1], index_vector_dim = 1>, slice_sizes = array<i64: 1, 1>}"
+            " : (tensor<4x6xf32>, tensor<4x2xi32>) -> tensor<4xf32>\n  return %g : tensor<4xf32>"),
+        [{"x:0", "labels:0", "result[0]:0"}, {"x:1"}],
+    ),
+    # The same with the iota shifted by one (x[arange(4) + 1, labels]): row i reads row i + 1, not alike.
+    "gather: an iota plus one is no coordinate": (
+        _fn("%x: tensor<4x6xf32>, %labels: tensor<4xi32>) -> (tensor<4xf32>",
+            _COORDINATES.format(iota="%shifted") +
+            '  %g = "stablehlo.gather"(%x, %idx) {dimension_numbers = #stablehlo.gather<collapsed_slice_dims ='
+            " [0, 1], start_index_map = [0, 1], index_vector_dim = 1>, slice_sizes = array<i64: 1, 1>}"
+            " : (tensor<4x6xf32>, tensor<4x2xi32>) -> tensor<4xf32>\n  return %g : tensor<4xf32>"),
+        [{"x:0"}, {"labels:0", "result[0]:0"}, {"x:1"}],
+    ),
+    # An iota over 4 rows of an 8-row operand reads half of it: no pair (an axis splitting both would not
+    # split them alike).
+    "gather: an iota shorter than the operand dim is no coordinate": (
+        _fn("%x: tensor<8x6xf32>, %labels: tensor<4xi32>) -> (tensor<4xf32>",
+            _COORDINATES.format(iota="%0") +
+            '  %g = "stablehlo.gather"(%x, %idx) {dimension_numbers = #stablehlo.gather<collapsed_slice_dims ='
+            " [0, 1], start_index_map = [0, 1], index_vector_dim = 1>, slice_sizes = array<i64: 1, 1>}"
+            " : (tensor<8x6xf32>, tensor<4x2xi32>) -> tensor<4xf32>\n  return %g : tensor<4xf32>"),
+        [{"x:0"}, {"labels:0", "result[0]:0"}, {"x:1"}],
+    ),
+    # That gather's gradient: a scatter-add of u[i] into row i, column labels[i], of x: x's rows, the
+    # result's, the indices' and the updates' dim are one.
+    "scatter: a coordinate scatter-add pairs the input's rows with the indices": (
+        _fn("%x: tensor<4x6xf32>, %labels: tensor<4xi32>, %u: tensor<4xf32>) -> (tensor<4x6xf32>",
+            _COORDINATES.format(iota="%0") +
+            '  %s = "stablehlo.scatter"(%x, %idx, %u) ({\n  ^bb0(%a: tensor<f32>, %b: tensor<f32>):\n'
+            "    %r = stablehlo.add %a, %b : tensor<f32>\n    stablehlo.return %r : tensor<f32>\n"
+            "  }) {scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = [0, 1],"
+            " scatter_dims_to_operand_dims = [0, 1], index_vector_dim = 1>}"
+            " : (tensor<4x6xf32>, tensor<4x2xi32>, tensor<4xf32>) -> tensor<4x6xf32>\n"
+            "  return %s : tensor<4x6xf32>"),
+        [{"x:0", "labels:0", "u:0", "result[0]:0"}, {"x:1", "result[0]:1"}],
     ),
     "while: carried value is one name per dim across cond, body and result": (
         _fn("%x: tensor<4x6xf32>, %n: tensor<i32>) -> (tensor<4x6xf32>",

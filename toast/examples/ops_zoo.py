@@ -42,6 +42,7 @@ dynamic_update_slice               ``lax.dynamic_update_slice(x, patch, (start, 
 pad                                ``lax.pad(x, 0., ((1, 2, 0), (0, 0, 1)))`` (interior too)
 gather                             ``x[indices]``
 scatter                            ``x.at[indices].add(..)``
+gather, scatter (coordinate)       ``x[jnp.arange(n), labels]``, ``.at[jnp.arange(n), labels].add(..)``
 iota                               ``lax.iota`` / ``jnp.arange``
 sort (one operand)                 ``jnp.sort(x, axis=1)``
 sort (two operands, two results)   ``lax.sort((keys, values), num_keys=1)``
@@ -185,6 +186,11 @@ def ops_zoo(*, rows: int = 16, cols: int = 32, batch: int = 4, inner: int = 8,
         out["cholesky"] = chol
         solve = jax.scipy.linalg.solve_triangular
         out["solve"] = solve(chol, lhs[0], lower=True)                       # custom_call trsm
+        # --- a coordinate gather and scatter: an iota index column (a loss's log-probability per label) ---
+        first = x[:num_indices]
+        rows_at = jnp.arange(num_indices)
+        out["picked"] = first[rows_at, indices]                              # gather (coordinate)
+        out["picked_grad"] = first.at[rows_at, indices].add(1.0)             # scatter (coordinate)
         if extras:
             out["square"] = jnp.square(x)                                    # chlo.square
             out["erf_gelu"] = jax.nn.gelu(x, approximate=False)              # chlo.erfc

@@ -145,6 +145,9 @@ INPUTS: tuple[Relation, ...] = (
          "gather Op: start-indices dim IndicesDim becomes result batch dim OutDim."),
     _rel("gather_operand_batch", "Op:OpId, OperandDim:number, IndicesDim:number",
          "gather Op: explicit batching dim OperandDim of the operand pairs with indices dim IndicesDim."),
+    _rel("gather_index_column", "Op:OpId, VectorDim:number, Column:number, OperandDim:number, SliceSize:number",
+         "gather Op's start index vectors lie along indices dim VectorDim (the indices' rank when implicit); "
+         "their entry Column starts the slice of SliceSize along operand dim OperandDim (start_index_map)."),
     _rel("scatter_inputs", "Op:OpId, Count:number",
          "scatter Op has Count inputs (operands 0..Count-1), then the indices (operand Count), "
          "then Count updates."),
@@ -154,9 +157,19 @@ INPUTS: tuple[Relation, ...] = (
          "scatter Op: scatter-indices dim IndicesDim pairs with update scatter dim UpdateDim."),
     _rel("scatter_input_batch", "Op:OpId, InputDim:number, IndicesDim:number",
          "scatter Op: explicit batching dim InputDim of the inputs pairs with indices dim IndicesDim."),
+    _rel("scatter_index_column", "Op:OpId, VectorDim:number, Column:number, InputDim:number, WindowSize:number",
+         "scatter Op's index vectors lie along indices dim VectorDim (the indices' rank when implicit); their "
+         "entry Column starts the update window of WindowSize along input dim InputDim "
+         "(scatter_dims_to_operand_dims)."),
     _rel("scatter_combiner", "Op:OpId, Kind:symbol",
          "scatter Op's update computation is one op of kind Kind applied to the input and the update "
          "(stablehlo.add for a scatter-add)."),
+    _rel("iota_dim", "Op:OpId, Dim:number",
+         "iota Op counts along its result dim Dim (iota_dimension): result[..., i, ...] = i."),
+    _rel("compare_direction", "Op:OpId, Direction:symbol",
+         "compare Op compares its operand 0 with its operand 1 by Direction (EQ, NE, LT, LE, GT, GE)."),
+    _rel("integer_scalar", "Op:OpId, Value:number",
+         "constant Op is the rank-0 integer Value (one that fits a 32-bit number)."),
     _rel("sharding_group", "Op:OpId, Group:number",
          "sdy.sharding_group Op tags its operand with group_id Group: all values of one group are "
          "sharded alike."),

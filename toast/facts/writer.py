@@ -72,7 +72,10 @@ def _shape(program: Program, op: Op, operand: int) -> tuple[int, ...]:
 # The kinds (``stablehlo.`` removed) ``_attribute_facts`` writes rows for.
 _ATTRIBUTE_KINDS = frozenset({
     "custom_call", "dot_general", "transpose", "broadcast_in_dim", "reduce", "reshape", "concatenate", "reverse",
-    "sort", "pad", "reduce_window", "select_and_scatter", "convolution", "gather", "scatter", "sdy.sharding_group"})
+    "sort", "pad", "reduce_window", "select_and_scatter", "convolution", "gather", "scatter", "sdy.sharding_group",
+    "iota", "compare", "constant"})
+# A Datalog number is 32-bit: an integer constant outside that range is written as no fact.
+_NUMBER_RANGE = range(-(2**31), 2**31)
 
 
 def _attribute_facts(op: Op, program: Program) -> Iterator[tuple[str, tuple]]:
@@ -128,6 +131,14 @@ def _attribute_facts(op: Op, program: Program) -> Iterator[tuple[str, tuple]]:
         yield from _scatter(op, program)
     elif kind == "sdy.sharding_group":
         yield "sharding_group", (op.id, dict(op.attrs)["group_id"])
+    elif kind == "iota":
+        yield "iota_dim", (op.id, op.attr("iota_dimension", 0))
+    elif kind == "compare":
+        yield "compare_direction", (op.id, str(op.attr("comparison_direction", "")))
+    elif kind == "constant":
+        scalar = op.attr("scalar")
+        if scalar is not None and scalar in _NUMBER_RANGE:
+            yield "integer_scalar", (op.id, scalar)
 
 
 def _dot_general(op: Op, program: Program) -> Iterator[tuple[str, tuple]]:
@@ -214,6 +225,9 @@ def _gather(op: Op, program: Program) -> Iterator[tuple[str, tuple]]:
     for operand_dim, indices_dim in zip(numbers.get("operand_batching_dims", ()),
                                         numbers.get("start_indices_batching_dims", ()), strict=True):
         yield "gather_operand_batch", (op.id, operand_dim, indices_dim)
+    vector_dim = numbers.get("index_vector_dim", indices_rank)
+    for column, operand_dim in enumerate(numbers.get("start_index_map", ())):
+        yield "gather_index_column", (op.id, vector_dim, column, operand_dim, slice_sizes[operand_dim])
 
 
 def _scatter(op: Op, program: Program) -> Iterator[tuple[str, tuple]]:
@@ -235,6 +249,14 @@ def _scatter(op: Op, program: Program) -> Iterator[tuple[str, tuple]]:
     for input_dim, indices_dim in zip(numbers.get("input_batching_dims", ()),
                                       numbers.get("scatter_indices_batching_dims", ()), strict=True):
         yield "scatter_input_batch", (op.id, input_dim, indices_dim)
+    # The window an index starts along each input dim: 1 row where the dim is inserted (or a batching dim), else
+    # the size of the update window dim written along it.
+    update_shape = _shape(program, op, count + 1)
+    window_sizes = {input_dim: update_shape[update_dim]
+                    for input_dim, update_dim in zip(window_input_dims, window_dims, strict=True)}
+    vector_dim = numbers.get("index_vector_dim", indices_rank)
+    for column, input_dim in enumerate(numbers.get("scattered_dims_to_operand_dims", ())):
+        yield "scatter_index_column", (op.id, vector_dim, column, input_dim, window_sizes.get(input_dim, 1))
     # The update computation is the region right after the op (children follow their parent): one combining op
     # and its return.
     body = [o.kind for o in program.ops[op.id + 1:op.id + 1 + 8]
