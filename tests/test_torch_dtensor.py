@@ -254,7 +254,8 @@ def test_the_fsdp_sharded_llama_step_on_two_gloo_processes_is_the_unsharded_step
     assert sharded["placements"] == placements.parameters  # the module was sharded as the strategy says
     assert sharded["placements"]["model.layers.0.mlp.down_proj.weight"] == (Shard(1),)  # [64, 128]: dim 1
     assert sharded["local_shapes"]["model.layers.0.mlp.down_proj.weight"] == (64, 64)
-    assert sharded["inputs"] == {"input_ids": (Shard(0),), "labels": (Replicate(),)}
+    # the labels' batch is the ids' (the coordinate gather of HF's loss, rules/ops/gather_scatter.dl): split alike
+    assert sharded["inputs"] == {"input_ids": (Shard(0),), "labels": (Shard(0),)}
     _check_equal(torch, sharded)
 
 
