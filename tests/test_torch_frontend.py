@@ -397,3 +397,16 @@ def test_explain_names_the_line_of_a_modules_forward(torch, capsys):
     assert re.search(rf"identified by stablehlo\.add result\[0\]\['up'\]\['weight'\] at {re.escape(update_line)}, "
                      "rule ", out), out
     assert set(re.findall(r" at (\S+:\d+)", out)) == {up_line, update_line}
+
+
+def test_a_factory_without_the_extra_or_that_fails_is_one_line(monkeypatch, capsys):
+    """The bundled PyTorch example without torch installed (``None`` in ``sys.modules`` stops its import) names the
+    install command; a factory's own error is its first line; both exit 2 without a traceback."""
+    monkeypatch.setitem(sys.modules, "torch", None)
+    spec = "toast.examples.torch_gpt:gpt"
+    assert main(["analyze", spec, "--engine", "embedded"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"toast: error: {spec}: the factory imports torch, which is not installed: pip install 'toast[torch]'"]
+    assert main(["analyze", f"{spec}?heads=5", "--engine", "embedded"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"toast: error: {spec}?heads=5: the factory failed: ValueError: width 64 is not a multiple of heads 5"]

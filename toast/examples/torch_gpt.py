@@ -27,12 +27,12 @@ def gpt(*, batch: int = 8, seq: int = 32, width: int = 64, heads: int = 4, layer
         seed: int = 0) -> tuple[Any, dict[str, Any]]:
     """A random ``TorchGPT`` (seed ``seed``) and ``{"input_ids": int64[batch, seq], "labels": int64[batch, seq]}``
     (uniform random token ids; the labels are the ids, shifted by the model)."""
+    if width % heads:
+        raise ValueError(f"width {width} is not a multiple of heads {heads}")
     import torch
 
     from toast.examples.torch_gpt_model import TorchGPT
 
-    if width % heads:
-        raise ValueError(f"width {width} is not a multiple of heads {heads}")
     torch.manual_seed(seed)
     model = TorchGPT(width=width, heads=heads, layers=layers, vocab=vocab, max_seq=seq)
     ids = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(seed + 1))

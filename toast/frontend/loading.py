@@ -113,6 +113,14 @@ def load_program_text(source: str, *, args: Sequence[Any] | None = None, fn: Cal
         made = factory(**keywords)
     except TypeError as err:
         raise InputError(f"{source}: cannot call the factory with {keywords or 'no arguments'}: {err}") from None
+    except ModuleNotFoundError as err:  # a PyTorch factory without the extra, or a package of the user's
+        hint = f": {torch_step.INSTALL}" if err.name in torch_step.EXTRA_PACKAGES else ""
+        raise InputError(f"{source}: the factory imports {err.name or 'a package'}, which is not installed"
+                         f"{hint}") from None
+    except ToastError:
+        raise
+    except Exception as err:
+        raise InputError(f"{source}: the factory failed: {_first_line(err)}") from None
     if isinstance(made, tuple) and len(made) == 2 and torch_step.is_torch_module(made[0]):
         return _lowered_torch(made[0], made[1], source), source
     if not (isinstance(made, tuple) and len(made) == 2 and callable(made[0])):

@@ -40,6 +40,8 @@ from typing import Any
 from toast.errors import InputError
 
 INSTALL = "pip install 'toast[torch]'"
+# The top-level packages the extra installs (a factory that imports one fails with the install command).
+EXTRA_PACKAGES = frozenset({"torch", "torchax", "optax"})
 # torch.optim.AdamW's defaults (optax.adamw's weight decay is 1e-4; a PyTorch user expects torch's).
 DEFAULT_LEARNING_RATE = 1e-3
 DEFAULT_WEIGHT_DECAY = 1e-2
