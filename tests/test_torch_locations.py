@@ -21,6 +21,7 @@ LOWERING_FILE = os.path.realpath(torch_locations.__file__)  # toast, but not the
 MODEL_FILE = "/home/user/project/model.py"
 LIBRARY_MODEL_FILE = "/venv/lib/python3.11/site-packages/transformers/models/llama/modeling_llama.py"
 RUN_FILE = "/home/user/project/run.py"  # the script that called toast
+EXAMPLE_FILE = os.path.join(os.path.dirname(STEP_FILE), "..", "examples", "convnet.py")  # a model's code
 
 
 def _frame(name, filename, line):
@@ -67,6 +68,10 @@ def _rewritten(traces):
     ((("adam", JAX_FILE, 40), ("step", STEP_FILE, 375), ("<module>", RUN_FILE, 3)), f"{STEP_FILE}:375"),
     # made outside the step (a constant hoisted at the jit call): no line rather than the caller's
     ((("lower_torch_step", LOWERING_FILE, 50), ("<module>", RUN_FILE, 3)), ""),
+    # a jitted jnp function's body JAX cached from an earlier trace in the process (a JAX example's line), called
+    # from toast's lowering of that program: not through the step, so no line rather than the other program's
+    ((("clip", JAX_FILE, 80), ("conv_block", EXAMPLE_FILE, 53), ("lower_callable", LOWERING_FILE, 51),
+      ("<module>", RUN_FILE, 3)), ""),
     # generated code ("<string>") and Python's library are not the model's
     ((("__init__", "<string>", 2), ("forward", MODEL_FILE, 7), ("loss_of", STEP_FILE, 365)), f"{MODEL_FILE}:7"),
 ])

@@ -14,8 +14,10 @@ rewrites each op's traceback to the frames of the model's own code: the frames b
 keeps its name and the model's frames, innermost first, so ``stablehlo.python_location`` (user code before a library
 in site-packages, else the innermost) reads the model's line: ``modeling_llama.py:236`` for the ``q_proj`` matmul, the
 user's ``forward`` for a module of their own. An op no model frame made gets the line of toast's ``torch_step`` that
-made it (AdamW's update, the loss's reshape); one not even that made (a constant JAX hoists out of the step, such as
-a buffer, located at the ``jit`` call) keeps its name without a frame; one without a traceback keeps its location.
+made it (AdamW's update, the loss's reshape); one whose traceback does not pass through the step (a constant JAX hoists
+out of it, such as a buffer, located at the ``jit`` call; an op of a jitted jnp function whose body JAX cached from an
+earlier trace in the process, located where that trace called it) keeps its name without a frame; one without a
+traceback keeps its location.
 With ``jax_include_full_tracebacks_in_locations`` off, JAX writes one frame per op, torchax's: the model's ops then
 have no line (rather than torchax's).
 
@@ -113,9 +115,13 @@ class _Rewriter:
         if not (isinstance(trace, ir.CallSiteLoc) or self._is_frame(trace)):
             return None
         chain = self._chain(trace)
-        frames = chain.model if chain.model is not None else chain.step
-        if frames is None:
+        if chain.step is None:
+            # Not made under toast's step: a constant JAX hoists to the jit call, or an op of a jitted library
+            # function (jnp's) whose traced body JAX cached from an earlier trace in this process, with that
+            # trace's traceback (another program's line); neither is the model's.
             frames = ir.Location.unknown()
+        else:
+            frames = chain.model if chain.model is not None else chain.step
         return ir.Location.name(name, childLoc=frames) if name is not None else frames
 
     def _is_frame(self, location: Any) -> bool:
